@@ -1,0 +1,198 @@
+"""Typed settings of a fedur run. One dataclass per group; a docstring under each field is its `--help`.
+
+Config stops here: the entry point and the round loop read these objects and pass plain values on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class ModelConfig:
+    """The frozen CLIP backbone and the learnable prompts."""
+
+    name: str = "ViT-B-32"
+    """open_clip model name (ViT-B-32, ViT-B-16, ...), or the file stem of `model.config_file`."""
+    pretrained: str | None = "openai"
+    """Weights: an open_clip pretrained tag (downloaded from the hub when online), a local checkpoint
+    file (.pt/.bin/.safetensors), or null for a seeded random init."""
+    config_file: str | None = None
+    """Local open_clip model-config JSON for a custom architecture; its file stem becomes a model name."""
+    cache_dir: str | None = None
+    """Where downloaded weights are cached (default: the Hugging Face cache)."""
+    n_ctx: int = 16
+    """Learnable text context vectors (CoOp, shared by all classes, class name at the end); personal to
+    each client. 0 disables the text prompt."""
+    ctx_init_std: float = 0.02
+    """Standard deviation of the N(0, std^2) init of both prompts."""
+    visual_tokens: int = 5
+    """Deep visual prompt tokens appended after the patch tokens at each prompted block; shared by all
+    clients. 0 disables the visual prompt."""
+    visual_depth: int | None = None
+    """Prompted blocks, counted from the first; null means all blocks but the last (11 for ViT-B)."""
+
+
+@dataclass
+class DataConfig:
+    """The dataset the clients' unlabeled images come from."""
+
+    name: Literal["imagefolder", "cifar10", "synthetic"] = "imagefolder"
+    """imagefolder: root/train/<class>/*, root/test/<class>/*; cifar10: torchvision CIFAR-10 (downloaded
+    into data.root when online); synthetic: small generated images for smoke runs."""
+    root: str | None = None
+    """Dataset directory (imagefolder, cifar10)."""
+    classnames_file: str | None = None
+    """Optional text file with one class name per line, in the sorted order of the class folders."""
+    template: str | None = None
+    """Zero-shot prompt template with one `{}` (default: the dataset's, 'a photo of a {}.')."""
+    download: bool = True
+    """Download a torchvision dataset into data.root when it is missing."""
+    train_fraction: float = 1.0
+    """Keep this stratified, seeded fraction of the train split (for quick experiments)."""
+    test_fraction: float = 1.0
+    """Keep this stratified, seeded fraction of the test split."""
+    synthetic_classes: int = 5
+    """Synthetic data: number of classes."""
+    synthetic_train_per_class: int = 60
+    """Synthetic data: train images per class."""
+    synthetic_test_per_class: int = 20
+    """Synthetic data: test images per class."""
+    synthetic_image_size: int = 32
+    """Synthetic data: side of the generated images in pixels."""
+    num_workers: int = 2
+    """DataLoader worker processes per rank (0 decodes in the main process)."""
+
+
+@dataclass
+class FederationConfig:
+    """Clients, rounds and how the data is split among the clients."""
+
+    num_clients: int = 10
+    """Number of clients K (the paper: 10; 5 for CUB and UCF101). Must be at least the number of ranks."""
+    rounds: int = 20
+    """Communication rounds R."""
+    local_epochs: int = 10
+    """Local epochs per round."""
+    refresh_every: int = 5
+    """Pseudo-labels are recomputed every this many rounds (round 0 with zero-shot CLIP)."""
+    partition: Literal["dirichlet", "iid"] = "dirichlet"
+    """Label split across clients: Dirichlet label skew (one draw per class shared by train and test) or IID."""
+    beta: float = 0.1
+    """Dirichlet concentration; smaller means more skew (the paper: 0.1 and 0.05)."""
+    min_train_per_client: int = 10
+    """The Dirichlet split is redrawn until every client holds at least this many train images."""
+    join_rate: float = 1.0
+    """Fraction of clients that train in a round, sampled uniformly per round (1.0: all clients)."""
+
+
+@dataclass
+class FedURConfig:
+    """The method's switches. Defaults are FedUR; `class_weights: none` + `negatives: none` is FedCoPL.
+    Every ablation of the paper's Table 6 is one of these switches."""
+
+    cooperative_selection: bool = True
+    """Global allocation of M pseudo-labels per class (Table 6 'Data selection'). Off: each client trains
+    on all its (filtered) samples with their argmax labels."""
+    confidence_filter: bool = True
+    """Estimate the class histogram only from samples whose top-1 probability is above the client's
+    `confidence_quantile` (Table 6 'Confidence')."""
+    entropy_filter: bool = True
+    """Estimate the class histogram only from samples whose entropy is below the client's
+    (1 - `entropy_quantile`) quantile (Table 6 'Entropy')."""
+    confidence_quantile: float = 0.5
+    """Quantile of the top-1 probabilities used as the confidence threshold (0.5: the median)."""
+    entropy_quantile: float = 0.5
+    """The entropy threshold is the (1 - this) quantile of the entropies (0.5: the median)."""
+    class_weights: Literal["inv", "inv_sqrt", "none"] = "inv"
+    """Class weights of L_pos from the global selected distribution d_c: inverse frequency normalised to
+    mean 1 ('inv'), its square root ('inv_sqrt'), or off ('none'; Table 6 'Weighted')."""
+    weight_source: Literal["realized", "requested"] = "realized"
+    """d_c from the selected counts each client actually got ('realized') or from the allocation ('requested')."""
+    negatives: Literal["mass", "threshold", "ratio", "online", "none"] = "mass"
+    """Negative pseudo-labels (Table 6 'Negative'): the lowest classes holding at most `tau_neg` of the
+    probability mass ('mass'), classes with p < tau_neg ('threshold'), the ceil(tau_neg * C) lowest
+    classes ('ratio'), the mass rule on the current model's detached p ('online'), or off ('none')."""
+    tau_neg: float = 0.2
+    """tau_neg of the negative rule."""
+    neg_loss_weight: float = 1.0
+    """Weight of L_neg in L_pos + weight * L_neg (the paper: 1)."""
+    share: Literal["visual", "both", "text", "none"] = "visual"
+    """Prompts the server averages (FedUR sec. 3.5: visual only, text prompts stay personal). 'both' is
+    PromptFL-style full sharing, 'none' is local training only; an ablation of the aggregation protocol."""
+
+
+@dataclass
+class OptimConfig:
+    """Local prompt tuning: SGD with a cosine schedule over one pseudo-label period."""
+
+    lr: float = 0.1
+    """Peak learning rate; cosine-decayed over refresh_every * local_epochs epochs, restarting at each refresh."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    weight_decay: float = 0.05
+    """SGD weight decay."""
+    batch_size: int = 64
+    """Local training batch size."""
+    eval_batch_size: int = 256
+    """Batch size for pseudo-labelling and evaluation."""
+    optimizer_state: Literal["reset", "client", "shared"] = "reset"
+    """SGD momentum: fresh for every client every round ('reset'), kept by each client across rounds
+    ('client'), or carried from client to client in id order like the reference code ('shared'; one rank only)."""
+
+
+@dataclass
+class RunConfig:
+    """Where results go and what makes the run reproducible."""
+
+    output_dir: str | None = None
+    """Run directory; must not exist or be empty. Default: runs/<timestamp>."""
+    seed: int = 1
+    """Seed of the split, the prompt init, and every client's data order (the paper: 1, 2, 3)."""
+    threads: int | None = None
+    """CPU compute threads per rank; null: CPU cores / ranks on this node. Fix it to compare runs bitwise
+    across different placements of clients on ranks."""
+    deterministic: bool = True
+    """Use deterministic algorithms (torch.use_deterministic_algorithms)."""
+    log_every_n_steps: int = 0
+    """Also print the local training loss every n optimizer steps (0: only per round)."""
+
+
+@dataclass
+class FabricConfig:
+    """Lightning Fabric settings. Leave them at "auto" under `fabric run`: its flags win."""
+
+    accelerator: Literal["auto", "cpu", "cuda", "gpu"] = "auto"
+    """Hardware accelerator."""
+    devices: int | str = "auto"
+    """Devices (ranks) per node."""
+    num_nodes: int = 1
+    """Number of nodes."""
+    strategy: str = "auto"
+    """Fabric strategy (auto: ddp when there is more than one rank)."""
+    precision: Literal["auto", "32-true", "bf16-mixed"] = "auto"
+    """auto: bf16-mixed on CUDA, 32-true on CPU (bf16 matmuls on CPUs without AMX are 20-45x slower).
+    16-mixed is refused: its one GradScaler per process would couple the clients sharing a rank."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    fedur: FedURConfig = field(default_factory=FedURConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
+
+
+GROUPS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "federation": FederationConfig,
+    "fedur": FedURConfig,
+    "optim": OptimConfig,
+    "run": RunConfig,
+    "fabric": FabricConfig,
+}

@@ -1,0 +1,204 @@
+"""Load a frozen open_clip CLIP, and run its towers on prompt-extended inputs.
+
+The two `encode_*` functions re-enter open_clip's own text and vision paths (open_clip 3.3,
+`open_clip/model.py::CLIP.encode_text` and `open_clip/transformer.py::VisionTransformer.forward`) so
+that prompts can be inserted; tests/model/test_clip.py checks that with empty prompts they give exactly
+what open_clip gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import open_clip
+import torch
+import torch.nn.functional as F
+from open_clip.transformer import text_global_pool
+from torch import Tensor, nn
+
+from fedur.network import reachable
+
+PACKAGE_MODEL_CONFIGS = Path(__file__).parent / "configs"
+_WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+
+
+class ModelUnavailableError(RuntimeError):
+    """The requested model or its weights cannot be loaded here; the message says what to do."""
+
+
+@dataclass
+class FrozenCLIP:
+    model: nn.Module
+    preprocess: Callable
+    tokenizer: Callable
+    image_size: int
+
+
+def load_clip(
+    name: str,
+    pretrained: str | None,
+    config_file: str | None = None,
+    cache_dir: str | None = None,
+) -> FrozenCLIP:
+    """Build an open_clip CLIP with every weight frozen (requires_grad False, eval mode).
+
+    With `pretrained=None` the weights are a random init drawn from torch's global RNG: seed it first.
+    """
+    weights = check_model(name, pretrained, config_file, cache_dir)
+    model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=weights, cache_dir=cache_dir)
+    model.requires_grad_(False)
+    model.eval()
+    image_size = model.visual.image_size
+    image_size = image_size[0] if isinstance(image_size, (tuple, list)) else image_size
+    return FrozenCLIP(model, preprocess, open_clip.get_tokenizer(name), int(image_size))
+
+
+def check_model(name: str, pretrained: str | None, config_file: str | None, cache_dir: str | None) -> str | None:
+    """Fail at once, before any compute, when the model or its weights cannot be had; return what
+    open_clip should load as `pretrained`."""
+    register_model_config(config_file)
+    if name not in open_clip.list_models():
+        hint = f" It is not a file stem of model.config_file={config_file}." if config_file else ""
+        raise ModelUnavailableError(
+            f"Unknown open_clip model {name!r}.{hint} Pick one of open_clip.list_models() (e.g. ViT-B-32, "
+            "ViT-B-16), or point model.config_file at an open_clip model-config JSON named <model.name>.json."
+        )
+    return resolve_pretrained(name, pretrained, cache_dir)
+
+
+def register_model_config(config_file: str | None) -> None:
+    """Make the package's model configs (fedur-tiny) and an optional user JSON known to open_clip."""
+    open_clip.add_model_config(PACKAGE_MODEL_CONFIGS)
+    if config_file is None:
+        return
+    path = Path(config_file)
+    if not path.is_file():
+        raise ModelUnavailableError(f"model.config_file={config_file} does not exist.")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelUnavailableError(f"model.config_file={config_file} is not valid JSON: {err}") from err
+    if not isinstance(cfg, dict) or not {"embed_dim", "vision_cfg", "text_cfg"} <= cfg.keys():
+        raise ModelUnavailableError(
+            f"model.config_file={config_file} is not an open_clip model config: it needs the keys "
+            "embed_dim, vision_cfg and text_cfg (see open_clip/model_configs/ViT-B-32.json)."
+        )
+    open_clip.add_model_config(path)
+
+
+def resolve_pretrained(name: str, pretrained: str | None, cache_dir: str | None) -> str | None:
+    """Return what open_clip should load, or fail at once with what to download and where to point."""
+    if pretrained in (None, "", "none", "random"):
+        return None
+    path = Path(pretrained).expanduser()
+    if path.exists():
+        return str(path)
+    if os.sep in pretrained or pretrained.endswith(_WEIGHT_SUFFIXES):
+        raise ModelUnavailableError(f"model.pretrained={pretrained} does not exist.")
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    if pretrained not in tags:
+        raise ModelUnavailableError(
+            f"model.pretrained={pretrained!r} is neither a file nor a pretrained tag of {name}. "
+            f"Tags of {name}: {', '.join(tags) or 'none'}."
+        )
+    hub = open_clip.get_pretrained_cfg(name, pretrained).get("hf_hub", "")
+    if hub and not _in_hf_cache(hub, cache_dir) and not _hub_reachable():
+        repo = hub.rstrip("/")
+        local_name = f"{name}-quickgelu" if pretrained == "openai" and "quickgelu" not in name else name
+        raise ModelUnavailableError(
+            f"Weights {name}/{pretrained} are not cached and the Hugging Face Hub is unreachable (offline?).\n"
+            f"  On a machine with internet, download https://huggingface.co/{repo} "
+            "(open_clip_model.safetensors or open_clip_pytorch_model.bin) and copy it here; then set\n"
+            f"    model.name={local_name}  model.pretrained=/path/to/that/file\n"
+            "  (or copy the whole Hugging Face cache and set model.cache_dir). For a custom architecture, "
+            "also set model.config_file=/path/to/<model.name>.json."
+        )
+    return pretrained
+
+
+def _in_hf_cache(hub: str, cache_dir: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    repo, filename = os.path.split(hub.rstrip("/")) if not hub.endswith("/") else (hub.rstrip("/"), "")
+    names = [filename] if filename else ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
+    return any(isinstance(try_to_load_from_cache(repo, n, cache_dir=cache_dir), str) for n in names)
+
+
+def _hub_reachable() -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false"):
+        return False
+    return reachable("huggingface.co")
+
+
+def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor) -> Tensor:
+    """`CLIP.encode_text` from token embeddings instead of token ids (unnormalised features).
+
+    embeddings: (n, L, width) with L <= context_length; tokens: (n, L) ids, used only to find the
+    pooled (end-of-text) position. With a causal mask, positions after the EOT token cannot influence
+    it, so callers may truncate L to the last EOT position + 1.
+    """
+    length = embeddings.shape[1]
+    cast_dtype = model.transformer.get_cast_dtype()
+    x = embeddings.to(cast_dtype) + model.positional_embedding[:length].to(cast_dtype)  # (n, L, width)
+    attn_mask = model.attn_mask[:length, :length] if model.attn_mask is not None else None
+    x = model.transformer(x, attn_mask=attn_mask)
+    x = model.ln_final(x)
+    x = text_global_pool(x, tokens, model.text_pool_type, eos_token_id=getattr(model, "text_eos_id", None))
+    if model.text_projection is not None:
+        x = model.text_projection(x) if isinstance(model.text_projection, nn.Linear) else x @ model.text_projection
+    return x  # (n, embed_dim)
+
+
+def encode_image_prompted(visual: nn.Module, images: Tensor, prompts: Tensor | None) -> Tensor:
+    """`VisionTransformer.forward` with deep visual prompts (VPT-deep), unnormalised features.
+
+    prompts: (depth, n_tok, width). Block i < depth sees its own n_tok tokens appended after the CLS
+    and patch tokens; their outputs are dropped before the next block, so each block gets fresh ones.
+    """
+    x = visual._embeds(images)  # (B, 1 + patches, width)
+    depth = 0 if prompts is None else prompts.shape[0]
+    n_tok = 0 if prompts is None else prompts.shape[1]
+    transformer = visual.transformer
+    if not transformer.batch_first:
+        x = x.transpose(0, 1)
+    seq_dim = 1 if transformer.batch_first else 0
+    for i, block in enumerate(transformer.resblocks):
+        if i < depth:
+            tokens = prompts[i].to(x.dtype).unsqueeze(1 - seq_dim).expand(*_expand_shape(x, n_tok, seq_dim))
+            x = torch.cat([x, tokens], dim=seq_dim)  # (B, 1 + patches + n_tok, width)
+            x = block(x)
+            x = x.narrow(seq_dim, 0, x.shape[seq_dim] - n_tok)  # drop this block's prompt outputs
+        else:
+            x = block(x)
+    if not transformer.batch_first:
+        x = x.transpose(0, 1)
+    pooled, _ = visual._pool(x)
+    if visual.proj is not None:
+        pooled = pooled @ visual.proj
+    return pooled  # (B, embed_dim)
+
+
+def _expand_shape(x: Tensor, n_tok: int, seq_dim: int) -> tuple[int, int, int]:
+    batch = x.shape[1 - seq_dim]
+    return (batch, n_tok, x.shape[-1]) if seq_dim == 1 else (n_tok, batch, x.shape[-1])
+
+
+def vision_width_and_depth(model: nn.Module) -> tuple[int, int]:
+    visual = model.visual
+    if not hasattr(visual, "transformer") or not hasattr(visual, "_embeds"):
+        raise ModelUnavailableError(
+            f"{type(visual).__name__} is not an open_clip VisionTransformer; deep visual prompts need a ViT "
+            "backbone (or set model.visual_tokens=0)."
+        )
+    return visual.transformer.width, len(visual.transformer.resblocks)
+
+
+@torch.no_grad()
+def zero_shot_weights(clip: FrozenCLIP, classnames: list[str], template: str, device: torch.device) -> Tensor:
+    """Normalised text features of `template.format(name)` for every class: (C, embed_dim)."""
+    tokens = clip.tokenizer([template.format(name) for name in classnames]).to(device)
+    return F.normalize(clip.model.encode_text(tokens).float(), dim=-1)

@@ -1,0 +1,55 @@
+"""The learnable prompts: a CoOp text context (personal) and deep visual prompts (shared)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+
+class TextPrompt(nn.Module):
+    """`[SOS] X_1..X_n <class name> . [EOS]` with the X's learnable and shared by all classes (CoOp, CSC off).
+
+    The frozen prefix/suffix embeddings are buffers that are not saved (persistent=False): they are a
+    function of the class names and the backbone, so a client's state is only `ctx`.
+    """
+
+    def __init__(
+        self,
+        token_embedding: nn.Embedding,
+        tokenizer: Callable,
+        classnames: list[str],
+        n_ctx: int,
+        init: Tensor,
+    ) -> None:
+        super().__init__()
+        width = token_embedding.weight.shape[1]
+        if init.shape != (n_ctx, width):
+            raise ValueError(f"text prompt init has shape {tuple(init.shape)}, expected {(n_ctx, width)}")
+        prefix = " ".join(["X"] * n_ctx)
+        texts = [f"{prefix} {name.replace('_', ' ')}.".strip() for name in classnames]
+        tokens = tokenizer(texts)  # (C, context_length)
+        placeholder = tokenizer(["X"])[0, 1]
+        if n_ctx and not bool((tokens[:, 1 : 1 + n_ctx] == placeholder).all()):
+            raise ValueError("the tokenizer does not map 'X' to one token; cannot place the text context")
+        # Causal attention: nothing after the last EOT can reach a pooled position, so cut the padding.
+        length = int(tokens.argmax(dim=-1).max()) + 1
+        tokens = tokens[:, :length]  # (C, L)
+        with torch.no_grad():
+            embedded = token_embedding(tokens)  # (C, L, width)
+        self.register_buffer("tokens", tokens, persistent=False)
+        self.register_buffer("prefix", embedded[:, :1].clone(), persistent=False)  # (C, 1, width): SOS
+        self.register_buffer("suffix", embedded[:, 1 + n_ctx :].clone(), persistent=False)  # (C, *, width)
+        self.ctx = nn.Parameter(init.clone())  # (n_ctx, width)
+
+    def forward(self) -> Tensor:
+        n_cls = self.prefix.shape[0]
+        ctx = self.ctx.unsqueeze(0).expand(n_cls, -1, -1)  # (C, n_ctx, width)
+        return torch.cat([self.prefix, ctx.to(self.prefix.dtype), self.suffix], dim=1)  # (C, L, width)
+
+
+def init_prompt(shape: tuple[int, ...], std: float, seed: int) -> Tensor:
+    """N(0, std^2) init from its own generator, so every rank and every client start from the same values."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=generator) * std

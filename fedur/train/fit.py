@@ -1,0 +1,199 @@
+"""The federated round loop of FedUR, with every client a piece of state on some Fabric rank."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning import Fabric
+from torch import Tensor
+
+from fedur.config import Config
+from fedur.data.datasets import ImageDataset, ImageSplit, build_dataset
+from fedur.data.loaders import ClientImages, make_loader
+from fedur.data.partition import dirichlet_split, iid_split
+from fedur.federated.aggregation import weighted_average
+from fedur.federated.collectives import Collectives
+from fedur.federated.placement import clients_on_rank
+from fedur.federated.streams import participants
+from fedur.model.classifier import PromptedCLIP
+from fedur.model.clip import load_clip, zero_shot_weights
+from fedur.train.client import ClientState, train_client
+from fedur.train.evaluate import correct_and_total, predict
+from fedur.train.module import PromptTuner
+from fedur.train.recorder import Recorder, accuracies, mean
+from fedur.train.refresh import refresh_pseudo_labels
+
+INT64_BYTES, FLOAT32_BYTES = 8, 4
+
+
+SHARED = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text_ctx"), "none": ()}
+
+
+@dataclass
+class FitResult:
+    summary: dict
+    tuner: PromptTuner  # the rank's module: frozen backbone + prompt slots
+    clients: list[ClientState]  # this rank's clients, with their final prompts
+    global_prompts: dict[str, Tensor]  # the last aggregate of each shared prompt ("visual", "text_ctx")
+
+
+def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResult:
+    fed, method, optim, data = cfg.federation, cfg.fedur, cfg.optim, cfg.data
+    seed, num_clients = cfg.run.seed, fed.num_clients
+    collectives = Collectives(fabric)
+    recorder = Recorder(fabric, run_dir)
+
+    with fabric.rank_zero_first():  # rank 0 downloads, the others then read its copy
+        dataset = load_data(cfg)
+    train_parts, test_parts = split_clients(dataset, cfg)
+    local_ids = clients_on_rank(num_clients, fabric.world_size, fabric.global_rank)
+
+    torch.manual_seed(seed)  # a random-init backbone must be the same on every rank
+    clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
+    model = PromptedCLIP(
+        clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
+        cfg.model.ctx_init_std, seed,
+    )
+    tuner = PromptTuner(
+        model, optim.lr, optim.momentum, optim.weight_decay, fed.refresh_every * fed.local_epochs,
+        method.negatives, method.tau_neg, method.neg_loss_weight,
+    ).to(fabric.device)
+    visual_init, text_init = model.prompts()  # every client starts from the same prompts
+    clients = [ClientState(k, train_parts[k], test_parts[k], visual_init, text_init) for k in local_ids]
+    shared = {name: getattr(clients[0], name) for name in SHARED[method.share]}
+    transform = clip.preprocess
+    recorder.start(config_yaml, describe(fabric, cfg, dataset, train_parts, local_ids))
+
+    zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
+    recorder.record_zero_shot(evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text))
+
+    upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
+    carried_optimizer = None  # optim.optimizer_state=shared: momentum passed from client to client
+    start_time = time.perf_counter()
+    for round_idx in range(fed.rounds):
+        round_start = time.perf_counter()
+        refreshed = round_idx % fed.refresh_every == 0
+        if refreshed:
+            refresh = refresh_pseudo_labels(
+                fabric, collectives, model, clients, dataset.train, transform,
+                zero_shot_text if round_idx == 0 else None, round_idx // fed.refresh_every, method,
+                num_clients=num_clients, n_total=len(dataset.train), batch_size=optim.eval_batch_size,
+                num_workers=data.num_workers,
+            )
+            tuner.class_weights = refresh.class_weights
+
+        joined = torch.from_numpy(participants(num_clients, fed.join_rate, seed, round_idx))
+        weights = refresh.selected.sum(dim=1) * joined  # |D~_k| of the clients that train; 0 otherwise
+        local_stats = {}
+        for client in clients:
+            if weights[client.client_id] == 0:
+                continue
+            state_in = {"reset": None, "client": client.optimizer_state, "shared": carried_optimizer}[optim.optimizer_state]
+            result = train_client(
+                fabric, tuner, client, dataset.train, transform, round_idx,
+                local_epochs=fed.local_epochs, refresh_every=fed.refresh_every, batch_size=optim.batch_size,
+                num_workers=data.num_workers, seed=seed, optimizer_state=state_in,
+                log_every_n_steps=cfg.run.log_every_n_steps,
+            )
+            client.optimizer_state = result.optimizer_state if optim.optimizer_state == "client" else None
+            carried_optimizer = result.optimizer_state if optim.optimizer_state == "shared" else None
+            local_stats[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg])
+
+        shared.update(aggregate(collectives, clients, shared, weights, num_clients))
+        accuracy = evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg)
+        stats = collectives.gather_clients(local_stats, num_clients, like=torch.zeros(3))
+        trained = weights > 0
+        counts_bytes = 2 * refresh.selected.shape[1] * INT64_BYTES if refreshed else 0  # u_k and realized counts
+        client_acc = accuracies(accuracy)
+        recorder.record_round({
+            "round": round_idx,
+            "rounds": fed.rounds,
+            "mean_accuracy": mean(client_acc),
+            "client_accuracy": client_acc,
+            "pseudo_label_accuracy": accuracies(refresh.label_hits),
+            "selected": refresh.selected.sum(dim=1).tolist(),
+            "selected_per_class": refresh.selected.sum(dim=0).tolist(),
+            "refreshed": refreshed,
+            "participants": [k for k in range(num_clients) if joined[k]],
+            "lr": tuner.learning_rate((round_idx % fed.refresh_every) * fed.local_epochs),
+            "loss": [float(stats[k, 0]) if trained[k] else None for k in range(num_clients)],
+            "loss_pos": [float(stats[k, 1]) if trained[k] else None for k in range(num_clients)],
+            "loss_neg": [float(stats[k, 2]) if trained[k] else None for k in range(num_clients)],
+            "round_seconds": time.perf_counter() - round_start,
+            "bytes_sent": [(upload_bytes if trained[k] else 0) + counts_bytes for k in range(num_clients)],
+        })
+
+    recorder.save_prompts(shared, clients)
+    summary = recorder.finish(
+        asdict(cfg),
+        {"num_clients": num_clients, "world_size": fabric.world_size, "wall_seconds": time.perf_counter() - start_time},
+    )
+    return FitResult(summary, tuner, clients, shared)
+
+
+def aggregate(
+    collectives: Collectives, clients: list[ClientState], shared: dict[str, Tensor], weights: Tensor, num_clients: int
+) -> dict[str, Tensor]:
+    """Average each shared prompt over the clients that trained (weights |D~_k|, in client-id order) and
+    hand the average to every client, also those that sat the round out. Every rank calls this."""
+    averaged = {}
+    for name, current in shared.items():
+        uploads = {c.client_id: getattr(c, name) for c in clients if weights[c.client_id] > 0}
+        stacked = collectives.gather_clients(uploads, num_clients, like=current)  # (K, *prompt shape)
+        average = weighted_average(stacked, weights)
+        averaged[name] = current if average is None else average
+        for client in clients:
+            setattr(client, name, averaged[name])
+    return averaged
+
+
+def load_data(cfg: Config) -> ImageDataset:
+    d = cfg.data
+    return build_dataset(
+        d.name, d.root, d.classnames_file, d.template, d.download, d.train_fraction, d.test_fraction, cfg.run.seed,
+        d.synthetic_classes, d.synthetic_train_per_class, d.synthetic_test_per_class, d.synthetic_image_size,
+    )
+
+
+def split_clients(dataset: ImageDataset, cfg: Config) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    fed = cfg.federation
+    train, test = dataset.train.labels, dataset.test.labels
+    if fed.partition == "dirichlet":
+        return dirichlet_split(train, test, fed.num_clients, fed.beta, cfg.run.seed, fed.min_train_per_client)
+    return iid_split(train, test, fed.num_clients, cfg.run.seed, fed.min_train_per_client)
+
+
+def evaluate_clients(
+    fabric: Fabric,
+    collectives: Collectives,
+    model: PromptedCLIP,
+    clients: list[ClientState],
+    split: ImageSplit,
+    transform,
+    cfg: Config,
+    zero_shot_text: Tensor | None = None,
+) -> Tensor:
+    """(K, 2) [correct, total] of every client on its own test set with its prompts (the global visual
+    prompt and its own text prompt), or zero-shot CLIP with `zero_shot_text`."""
+    counts = {}
+    for client in clients:
+        model.load_prompts(client.visual, client.text_ctx)
+        labels = torch.from_numpy(split.labels[client.test_indices])
+        images = ClientImages(split, client.test_indices, transform, (labels,))
+        loader = make_loader(images, cfg.optim.eval_batch_size, cfg.data.num_workers)
+        counts[client.client_id] = correct_and_total(*predict(fabric, model, loader, zero_shot_text))
+    return collectives.gather_clients(counts, cfg.federation.num_clients, like=torch.zeros(2, dtype=torch.long))
+
+
+def describe(fabric: Fabric, cfg: Config, dataset: ImageDataset, train_parts: list[np.ndarray], local_ids: list[int]) -> str:
+    sizes = [len(p) for p in train_parts]
+    return (
+        f"fedur: {dataset.name} ({dataset.num_classes} classes, {len(dataset.train)} train / {len(dataset.test)} test), "
+        f"{cfg.federation.num_clients} clients on {fabric.world_size} rank(s) [rank 0 hosts {local_ids}], "
+        f"{cfg.federation.partition} split, client train sizes {min(sizes)}-{max(sizes)}, "
+        f"{cfg.federation.rounds} rounds x {cfg.federation.local_epochs} local epochs, device {fabric.device}"
+    )

@@ -1,0 +1,118 @@
+import pytest
+import torch
+
+from fedur.federated.selection import (
+    allocate,
+    budget,
+    class_weights,
+    entropy,
+    estimated_counts,
+    filter_mask,
+    negative_mask,
+    select_top,
+)
+
+# Rows chosen so the two filters disagree: A is confident but spread, B is less confident but two-way.
+#            top1  entropy
+# A .6 .2 .2  .60   0.950
+# B .55 .45 0 .55   0.688
+# C .9 .05 .05 .90  0.394
+# D .4 .3 .3  .40   1.089     medians: top1 (.55+.6)/2 = .575, entropy (.688+.950)/2 = .819
+PROBS = torch.tensor([[0.6, 0.2, 0.2], [0.55, 0.45, 0.0], [0.9, 0.05, 0.05], [0.4, 0.3, 0.3]])
+
+
+def test_entropy_by_hand():
+    assert entropy(PROBS).tolist() == pytest.approx([0.9503, 0.6881, 0.3944, 1.0889], abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "confidence, entropy_filter, expected",
+    [
+        (True, True, [False, False, True, False]),
+        (True, False, [True, False, True, False]),
+        (False, True, [False, True, True, False]),
+        (False, False, [True, True, True, True]),
+    ],
+)
+def test_filters_use_per_client_medians(confidence, entropy_filter, expected):
+    assert filter_mask(PROBS, confidence, entropy_filter).tolist() == expected
+
+
+def test_filter_quantiles_move_thresholds():
+    # confidence quantile 0.25 of [.4, .55, .6, .9] is .5125: everything but D passes
+    assert filter_mask(PROBS, True, False, confidence_quantile=0.25).tolist() == [True, True, True, False]
+
+
+def test_estimated_counts_count_kept_argmax():
+    probs = torch.tensor([[0.7, 0.3, 0.0], [0.2, 0.8, 0.0], [0.9, 0.1, 0.0], [0.1, 0.1, 0.8]])
+    keep = torch.tensor([True, True, True, False])
+    assert estimated_counts(probs, keep).tolist() == [2, 1, 0]
+
+
+def test_budget_is_ceil_of_mean_per_class():
+    assert budget(torch.tensor([[3, 0, 1], [2, 0, 1]])) == 3  # ceil(7 / 3)
+    assert budget(torch.tensor([[3, 3, 3]])) == 3
+
+
+def test_allocation_by_hand_with_fallback():
+    counts = torch.tensor([[3, 0, 1], [1, 0, 2]])  # totals [4, 0, 3]; M = ceil(7 / 3) = 3
+    quotas = allocate(counts, n_total=100, refresh_idx=0)
+    # class 0: ceil(3/4*3) = 3, ceil(1/4*3) = 1; class 2: exactly 1 and 2 (no float round-up);
+    # class 1 nobody estimated: ceil(100 / 3 / 4 * 1 / 2) = ceil(4.17) = 5 for every client
+    assert quotas.tolist() == [[3, 5, 1], [1, 5, 2]]
+    assert allocate(counts, n_total=100, refresh_idx=1)[:, 1].tolist() == [9, 9]  # ceil(8.33)
+
+
+def test_select_top_takes_most_confident_per_class():
+    probs = torch.tensor([
+        [0.7, 0.2, 0.1],
+        [0.9, 0.05, 0.05],
+        [0.6, 0.3, 0.1],
+        [0.1, 0.8, 0.1],
+        [0.2, 0.3, 0.5],
+        [0.1, 0.1, 0.8],
+    ])
+    indices, labels = select_top(probs, torch.tensor([2, 5, 1]))
+    # class 0: samples 1 (.9) and 0 (.7); class 1: only sample 3 predicts it; class 2: sample 5 (.8)
+    assert indices.tolist() == [0, 1, 3, 5]
+    assert labels.tolist() == [0, 0, 1, 2]
+    assert select_top(probs, torch.tensor([0, 0, 0]))[0].numel() == 0
+
+
+def test_select_top_breaks_ties_by_index():
+    probs = torch.tensor([[0.8, 0.2], [0.8, 0.2], [0.8, 0.2]])
+    assert select_top(probs, torch.tensor([2, 0]))[0].tolist() == [0, 1]
+
+
+ROW = torch.tensor([[0.05, 0.1, 0.15, 0.7]])
+
+
+@pytest.mark.parametrize(
+    "rule, expected",
+    [
+        ("mass", [True, True, False, False]),  # .05 + .1 = .15 <= .2 < .30
+        ("threshold", [True, True, True, False]),  # p < .2
+        ("ratio", [True, False, False, False]),  # ceil(.2 * 4) = 1 lowest class
+    ],
+)
+def test_negative_rules_by_hand(rule, expected):
+    assert negative_mask(ROW, torch.tensor([3]), rule, 0.2).tolist() == [expected]
+
+
+def test_negatives_never_contain_the_label():
+    mask = negative_mask(ROW, torch.tensor([0]), "mass", 0.2)
+    assert mask.tolist() == [[False, True, False, False]]
+
+
+@pytest.mark.parametrize("rule", ["online", "none"])
+def test_rules_without_stored_negatives(rule):
+    assert negative_mask(ROW, torch.tensor([3]), rule, 0.2) is None
+
+
+def test_class_weights_inverse_frequency_mean_one():
+    counts = torch.tensor([10, 30, 0, 60])  # d = .1, .3, -, .6
+    assert class_weights(counts, "inv").tolist() == pytest.approx([2.0, 2 / 3, 1.0, 1 / 3])
+    # inv_sqrt: raw 1/sqrt(d) = [3.1623, 1.8257, -, 1.2910], mean 2.0930
+    assert class_weights(counts, "inv_sqrt").tolist() == pytest.approx([1.5109, 0.8723, 1.0, 0.6168], abs=1e-4)
+    assert class_weights(counts, "none") is None
+    assert class_weights(torch.zeros(3, dtype=torch.long), "inv").tolist() == [1.0, 1.0, 1.0]

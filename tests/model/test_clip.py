@@ -1,0 +1,129 @@
+"""fedur re-enters open_clip's towers: with empty prompts they must give exactly what open_clip gives."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedur.model.classifier import PromptedCLIP
+from fedur.model.clip import ModelUnavailableError, check_model, encode_image_prompted, encode_text_embeddings
+
+CLASSES = ["cat", "dog", "pickup_truck"]
+
+
+def test_vision_path_without_prompts_is_open_clip(tiny_clip):
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(encode_image_prompted(tiny_clip.model.visual, images, None), tiny_clip.model.encode_image(images))
+
+
+def test_text_path_on_embeddings_is_open_clip(tiny_clip):
+    model = tiny_clip.model
+    tokens = tiny_clip.tokenizer(["a photo of a cat.", "a dog"])
+    with torch.no_grad():
+        full = encode_text_embeddings(model, model.token_embedding(tokens), tokens)
+        assert torch.equal(full, model.encode_text(tokens))
+        cut = int(tokens.argmax(dim=-1).max()) + 1  # causal mask: truncating after the last EOT changes nothing
+        short = encode_text_embeddings(model, model.token_embedding(tokens[:, :cut]), tokens[:, :cut])
+        assert torch.allclose(short, full, atol=1e-5)
+
+
+def test_text_prompt_layout(tiny_clip):
+    model = PromptedCLIP(tiny_clip, CLASSES, n_ctx=4, visual_tokens=0, visual_depth=None, init_std=0.02, seed=1)
+    tokens = model.text_prompt.tokens
+    expected = tiny_clip.tokenizer(["X X X X pickup truck."])[0, : tokens.shape[1]]
+    assert torch.equal(tokens[2], expected)  # [SOS] X X X X pickup truck . [EOS], '_' read as a space
+    prompt = model.text_prompt()
+    assert prompt.shape == (3, tokens.shape[1], 64)
+    assert torch.equal(prompt[:, 1:5], model.text_prompt.ctx.detach().expand(3, -1, -1))
+    assert model.text_prompt.ctx.shape == (4, 64)
+    assert "prefix" not in model.state_dict() and "text_prompt.ctx" in model.state_dict()
+
+
+def test_deep_visual_prompts_reach_every_prompted_block(tiny_clip):
+    model = PromptedCLIP(tiny_clip, CLASSES, n_ctx=4, visual_tokens=5, visual_depth=None, init_std=0.02, seed=1)
+    assert model.visual_prompt.shape == (2, 5, 64)  # 3 blocks: all but the last are prompted
+    images = torch.randn(2, 3, 32, 32)
+    logits = model(images)
+    assert logits.shape == (2, 3)
+    logits.sum().backward()
+    assert all(model.visual_prompt.grad[i].abs().sum() > 0 for i in range(2))
+    assert model.text_prompt.ctx.grad.abs().sum() > 0
+    assert all(p.grad is None for p in tiny_clip.model.parameters())
+
+
+def test_prompts_are_replaced_block_by_block(tiny_clip):
+    """Block i sees only prompts[i]: recompute by hand with explicit per-block appends and drops."""
+    visual = tiny_clip.model.visual
+    prompts = torch.randn(2, 5, 64)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        x = visual._embeds(images)
+        for i, block in enumerate(visual.transformer.resblocks):
+            if i < 2:
+                x = block(torch.cat([x, prompts[i].expand(2, 5, 64)], dim=1))[:, :-5]
+            else:
+                x = block(x)
+        expected = visual._pool(x)[0] @ visual.proj
+        assert torch.allclose(encode_image_prompted(visual, images, prompts), expected, atol=1e-6)
+
+
+def test_logits_are_scaled_cosines(tiny_clip):
+    model = PromptedCLIP(tiny_clip, CLASSES, n_ctx=2, visual_tokens=0, visual_depth=None, init_std=0.02, seed=1)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        image = F.normalize(tiny_clip.model.encode_image(images), dim=-1)
+        logits = model(images)
+        cos = logits / tiny_clip.model.logit_scale.exp()
+        assert torch.allclose(cos, image @ model.text_features().t(), atol=1e-5)
+        assert cos.abs().max() <= 1 + 1e-5
+
+
+def test_same_seed_same_prompts(tiny_clip):
+    a = PromptedCLIP(tiny_clip, CLASSES, 4, 5, None, 0.02, seed=1)
+    b = PromptedCLIP(tiny_clip, CLASSES, 4, 5, None, 0.02, seed=1)
+    c = PromptedCLIP(tiny_clip, CLASSES, 4, 5, None, 0.02, seed=2)
+    assert torch.equal(a.visual_prompt, b.visual_prompt) and torch.equal(a.text_prompt.ctx, b.text_prompt.ctx)
+    assert not torch.equal(a.visual_prompt, c.visual_prompt)
+    assert abs(float(a.visual_prompt.detach().std()) - 0.02) < 0.005
+
+
+def test_model_errors_say_what_to_do(tmp_path):
+    with pytest.raises(ModelUnavailableError, match="Unknown open_clip model"):
+        check_model("ViT-Nope", None, None, None)
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    with pytest.raises(ModelUnavailableError, match="not valid JSON"):
+        check_model("broken", None, str(bad), None)
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"embed_dim": 8}))
+    with pytest.raises(ModelUnavailableError, match="vision_cfg"):
+        check_model("partial", None, str(partial), None)
+    with pytest.raises(ModelUnavailableError, match="does not exist"):
+        check_model("ViT-B-32", str(tmp_path / "weights.pt"), None, None)
+    with pytest.raises(ModelUnavailableError, match="Tags of ViT-B-32"):
+        check_model("ViT-B-32", "no_such_tag", None, None)
+
+
+def test_offline_hub_weights_fail_at_once_with_the_local_keys(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("fedur.model.clip._in_hf_cache", lambda hub, cache_dir: False)
+    with pytest.raises(ModelUnavailableError) as err:
+        check_model("ViT-B-32", "openai", None, None)
+    message = str(err.value)
+    assert "model.pretrained=/path/to/that/file" in message and "ViT-B-32-quickgelu" in message
+    assert "huggingface.co/timm/vit_base_patch32_clip_224.openai" in message
+    assert "model.config_file" in message
+
+
+def test_local_config_file_registers_a_model(tmp_path, tiny_clip):
+    from fedur.model.clip import PACKAGE_MODEL_CONFIGS, load_clip
+
+    cfg = json.loads((PACKAGE_MODEL_CONFIGS / "fedur-tiny.json").read_text())
+    cfg["vision_cfg"]["layers"] = 2
+    path = tmp_path / "my-tiny.json"
+    path.write_text(json.dumps(cfg))
+    model = load_clip("my-tiny", None, str(path))
+    assert len(model.model.visual.transformer.resblocks) == 2
+    assert not any(p.requires_grad for p in model.model.parameters())

@@ -1,0 +1,112 @@
+"""Real multi-process CPU runs: the launch paths, placement invariance, and no hidden synchronization."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import REPO
+
+ROUNDS = "3"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The smoke config (4 clients) under `fabric run` on 2 ranks and under plain `python` on 1 rank."""
+    root = tmp_path_factory.mktemp("runs")
+    fabric = str(Path(sys.executable).parent / "fabric")
+    common = ["--config", "configs/smoke.yaml", "--federation.rounds", ROUNDS]
+    two = launch([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
+                  "fedur/main.py", *common, "--run.output_dir", str(root / "two")])
+    one = launch([sys.executable, "fedur/main.py", *common, "--run.output_dir", str(root / "one")])
+    return {"two": root / "two", "one": root / "one", "stdout_two": two.stdout, "stdout_one": one.stdout}
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_rank_run_writes_its_results(runs):
+    run_dir = runs["two"]
+    assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "tensorboard", "prompts"}
+    rows = metrics(run_dir)
+    assert [r["round"] for r in rows] == list(range(int(ROUNDS)))
+    for key in ("mean_accuracy", "client_accuracy", "pseudo_label_accuracy", "selected", "lr", "round_seconds", "bytes_sent"):
+        assert key in rows[0]
+    assert len(rows[0]["client_accuracy"]) == 4
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["num_clients"] == 4
+    for key in ("final_mean_accuracy", "best_mean_accuracy", "zero_shot_client_mean", "zero_shot_global"):
+        assert isinstance(summary[key], float)
+    assert summary["settings"]["federation"]["rounds"] == int(ROUNDS)
+    assert "rounds: 3" in (run_dir / "config.yaml").read_text()
+    assert sorted(p.name for p in (run_dir / "prompts").iterdir()) == [f"client_00{k}.pt" for k in range(4)] + ["global.pt"]
+    assert runs["stdout_two"].count("zero-shot CLIP") == 1, "only rank 0 prints"
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = EventAccumulator(str(run_dir / "tensorboard")).Reload().Tags()["scalars"]
+    for tag in ("accuracy/mean", "accuracy/client_000", "accuracy/client_003", "optim/lr", "pseudo_labels/selected_client_001"):
+        assert tag in tags
+
+
+def test_results_do_not_depend_on_placement(runs):
+    two, one = metrics(runs["two"]), metrics(runs["one"])
+    for a, b in zip(two, one):
+        for key in ("client_accuracy", "pseudo_label_accuracy", "selected", "selected_per_class", "loss", "lr", "bytes_sent"):
+            assert a[key] == b[key], key
+    for name in ["global.pt"] + [f"client_00{k}.pt" for k in range(4)]:
+        x = torch.load(runs["two"] / "prompts" / name, weights_only=True)
+        y = torch.load(runs["one"] / "prompts" / name, weights_only=True)
+        for key in x:
+            assert torch.equal(torch.as_tensor(x[key]), torch.as_tensor(y[key])), name
+
+
+def _no_hidden_sync_worker(fabric, config_args, run_dir):
+    from fedur.federated.collectives import Collectives
+    from fedur.main import parse_config
+    from fedur.model.clip import load_clip
+    from fedur.train.fit import fit
+
+    cfg, config_yaml = parse_config(config_args)
+    torch.set_num_threads(1)
+    if fabric.is_global_zero:
+        Path(run_dir).mkdir()
+    fabric.barrier()
+    result = fit(fabric, cfg, Path(run_dir), config_yaml)
+
+    texts = Collectives(fabric).gather_clients({c.client_id: c.text_ctx for c in result.clients}, 4)
+    assert all(not torch.equal(texts[i], texts[j]) for i in range(4) for j in range(i)), "text prompts synchronized"
+    visuals = fabric.all_gather(result.global_prompts["visual"])  # (world_size, depth, n_tok, width)
+    assert torch.equal(visuals[0], visuals[1]), "global visual prompt differs across ranks"
+    torch.manual_seed(cfg.run.seed)
+    fresh = load_clip(cfg.model.name, cfg.model.pretrained).model.state_dict()
+    trained = result.tuner.model.clip.state_dict()
+    assert all(torch.equal(trained[k], v) for k, v in fresh.items()), "backbone changed"
+    return True
+
+
+def test_no_hidden_sync_across_ranks(tmp_path):
+    from lightning import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
+    args = ["--config", "configs/smoke.yaml", "--federation.rounds", "1"]
+    assert fabric.launch(_no_hidden_sync_worker, args, str(tmp_path / "run"))

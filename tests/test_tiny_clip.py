@@ -1,0 +1,53 @@
+"""Checks on real weights and real images (../shared): skipped unless FEDUR_SHARED_DIR is set."""
+
+import tarfile
+
+import pytest
+import torch
+
+from fedur.data.datasets import load_imagefolder
+from fedur.data.loaders import ClientImages, make_loader
+from fedur.main import make_fabric
+from fedur.config import FabricConfig
+from fedur.model.classifier import PromptedCLIP
+from fedur.model.clip import load_clip, zero_shot_weights
+from fedur.train.evaluate import correct_and_total, predict
+
+PER_CLASS = 100
+
+
+@pytest.fixture(scope="module")
+def cifar_test_subset(shared_dir, tmp_path_factory):
+    """The first 100 test images of every CIFAR-10 class, extracted from the shared archive."""
+    root = tmp_path_factory.mktemp("cifar")
+    taken: dict[str, int] = {}
+    with tarfile.open(shared_dir / "data" / "cifar10-jpg.tar.gz") as archive:
+        for member in archive:
+            parts = member.name.split("/")
+            if member.isfile() and parts[0] == "test" and taken.get(parts[1], 0) < PER_CLASS:
+                taken[parts[1]] = taken.get(parts[1], 0) + 1
+                archive.extract(member, root, filter="data")
+                for split in ("train",):  # the loader wants both splits; reuse the files
+                    target = root / split / parts[1] / parts[2]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes((root / member.name).read_bytes())
+    return load_imagefolder(str(root))
+
+
+@pytest.fixture(scope="module")
+def tiny(shared_dir):
+    folder = shared_dir / "assets" / "tiny-clip"
+    return load_clip("tinyclip-teacher-a", str(folder / "tinyclip-teacher-a.pt"), str(folder / "tinyclip-teacher-a.json"))
+
+
+def test_zero_shot_matches_the_model_card(tiny, cifar_test_subset):
+    """The card reports 59.4% on the 10,000 test images; 1,000 of them land within a few points."""
+    fabric = make_fabric(FabricConfig(accelerator="cpu", devices=1))
+    ds = cifar_test_subset
+    model = PromptedCLIP(tiny, ds.classnames, 0, 0, None, 0.02, seed=1)
+    labels = torch.from_numpy(ds.test.labels)
+    loader = make_loader(ClientImages(ds.test, torch.arange(len(labels)).numpy(), tiny.preprocess, (labels,)), 250, 0)
+    text = zero_shot_weights(tiny, ds.classnames, "a photo of a {}.", fabric.device)
+    correct, total = correct_and_total(*predict(fabric, model, loader, text)).tolist()
+    assert total == 10 * PER_CLASS
+    assert 0.54 < correct / total < 0.65
