@@ -58,7 +58,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Config, str]:
     namespace = parser.parse_args(argv)
     resolved = Namespace({name: namespace[name] for name in GROUPS})
     config_yaml = parser.dump(resolved)
-    groups = parser.instantiate(resolved) if hasattr(parser, "instantiate") else parser.instantiate_classes(resolved)
+    groups = parser.instantiate(resolved)
     return Config(**{name: groups[name] for name in GROUPS}), config_yaml
 
 
@@ -162,6 +162,7 @@ def run(cfg: Config, config_yaml: str):
 
 
 def main(argv: list[str] | None = None) -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines reach log files as they happen
     cfg, config_yaml = parse_config(argv)
     try:
         validate(cfg)

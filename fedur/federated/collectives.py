@@ -29,13 +29,6 @@ class Collectives:
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
 
-    def sum(self, tensor: Tensor) -> Tensor:
-        """Element-wise sum over ranks (a new tensor on the input's device)."""
-        out = tensor.detach().to(self.comm.device, copy=True)
-        if self.comm.world_size > 1:
-            out = self.comm.all_reduce(out, reduce_op="sum")
-        return out.to(tensor.device)
-
     def gather_clients(self, values: dict[int, Tensor], num_clients: int, like: Tensor | None = None) -> Tensor:
         """(num_clients, *shape) with row k = values[k] from whichever rank hosts client k.
 

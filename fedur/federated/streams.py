@@ -1,5 +1,5 @@
 """Derived random streams. Each is a pure function of (seed, ids), so no RNG state has to move between
-ranks or be saved: a client's data order in a round is the same on any rank, in any resumed run."""
+ranks: a client's data order in a round is the same whichever rank hosts it."""
 
 from __future__ import annotations
 

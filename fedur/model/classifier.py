@@ -72,9 +72,12 @@ class PromptedCLIP(nn.Module):
         return F.normalize(encode_image_prompted(self.clip.visual, images, prompts), dim=-1)
 
     def logits(self, image_features: Tensor, text_features: Tensor) -> Tensor:
-        logits = self.logit_scale * image_features.float() @ text_features.float().t()  # (B, C)
-        bias = getattr(self.clip, "logit_bias", None)
-        return logits + bias if bias is not None else logits
+        # In fp32 even under bf16 autocast: bf16 logits of ~30 move in steps of ~0.2, which would tie
+        # samples at the filters' median thresholds and in the top-u ranking.
+        with torch.autocast(image_features.device.type, enabled=False):
+            logits = self.logit_scale.float() * (image_features.float() @ text_features.float().t())  # (B, C)
+            bias = getattr(self.clip, "logit_bias", None)
+            return logits + bias.float() if bias is not None else logits
 
     def forward(self, images: Tensor) -> Tensor:
         return self.logits(self.image_features(images), self.text_features())

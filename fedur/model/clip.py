@@ -49,7 +49,9 @@ def load_clip(
     With `pretrained=None` the weights are a random init drawn from torch's global RNG: seed it first.
     """
     weights = check_model(name, pretrained, config_file, cache_dir)
-    model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=weights, cache_dir=cache_dir)
+    model, _, preprocess = open_clip.create_model_and_transforms(
+        name, pretrained=weights, cache_dir=cache_dir, force_quick_gelu=needs_quick_gelu(name, pretrained)
+    )
     model.requires_grad_(False)
     model.eval()
     image_size = model.visual.image_size
@@ -68,6 +70,14 @@ def check_model(name: str, pretrained: str | None, config_file: str | None, cach
             "ViT-B-16), or point model.config_file at an open_clip model-config JSON named <model.name>.json."
         )
     return resolve_pretrained(name, pretrained, cache_dir)
+
+
+def needs_quick_gelu(name: str, pretrained: str | None) -> bool:
+    """Weights trained with QuickGELU (OpenAI's) need it switched on: open_clip 3.3 only warns when a
+    pretrained tag and the model config disagree. A local file of OpenAI weights needs a `-quickgelu` name."""
+    if pretrained is None or pretrained not in open_clip.list_pretrained_tags_by_model(name):
+        return False
+    return bool(open_clip.get_pretrained_cfg(name, pretrained).get("quick_gelu", False))
 
 
 def register_model_config(config_file: str | None) -> None:

@@ -47,13 +47,12 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResu
     collectives = Collectives(fabric)
     recorder = Recorder(fabric, run_dir)
 
-    with fabric.rank_zero_first():  # rank 0 downloads, the others then read its copy
+    with fabric.rank_zero_first():  # rank 0 downloads data and weights, the others then read its copy
         dataset = load_data(cfg)
+        torch.manual_seed(seed)  # a random-init backbone must be the same on every rank
+        clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
     train_parts, test_parts = split_clients(dataset, cfg)
     local_ids = clients_on_rank(num_clients, fabric.world_size, fabric.global_rank)
-
-    torch.manual_seed(seed)  # a random-init backbone must be the same on every rank
-    clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
     model = PromptedCLIP(
         clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
         cfg.model.ctx_init_std, seed,

@@ -127,3 +127,20 @@ def test_local_config_file_registers_a_model(tmp_path, tiny_clip):
     model = load_clip("my-tiny", None, str(path))
     assert len(model.model.visual.transformer.resblocks) == 2
     assert not any(p.requires_grad for p in model.model.parameters())
+
+
+def test_openai_tags_get_quick_gelu():
+    from fedur.model.clip import needs_quick_gelu
+
+    assert needs_quick_gelu("ViT-B-32", "openai") and needs_quick_gelu("ViT-B-16", "openai")
+    assert not needs_quick_gelu("ViT-B-32", "laion2b_s34b_b79k")
+    assert not needs_quick_gelu("ViT-B-32", None) and not needs_quick_gelu("ViT-B-32", "/weights.pt")
+
+
+def test_logits_stay_fp32_under_bf16_autocast(tiny_clip):
+    model = PromptedCLIP(tiny_clip, CLASSES, n_ctx=2, visual_tokens=0, visual_depth=None, init_std=0.02, seed=1)
+    image, text = F.normalize(torch.randn(4, 64), dim=-1), F.normalize(torch.randn(3, 64), dim=-1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model.logits(image, text)
+    assert logits.dtype == torch.float32
+    assert torch.equal(logits, model.logits(image, text))

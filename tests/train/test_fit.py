@@ -41,3 +41,69 @@ def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path)
     saved = torch.load(run_dir / "prompts" / "client_002.pt", weights_only=True)
     assert torch.equal(saved["text_ctx"], texts[2]) and torch.equal(saved["visual"], global_visual)
     assert torch.equal(torch.load(run_dir / "prompts" / "global.pt", weights_only=True)["visual"], global_visual)
+
+
+def run_smoke(tmp_path, *overrides):
+    cfg, config_yaml = parse_config(
+        ["--config", "configs/smoke.yaml", "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run"), *overrides]
+    )
+    result = run(cfg, config_yaml)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    return result, row
+
+
+def differ(tensors):
+    return all(not torch.equal(tensors[i], tensors[j]) for i in range(len(tensors)) for j in range(i))
+
+
+def test_share_both_makes_text_prompts_global(tmp_path):
+    result, row = run_smoke(tmp_path, "--fedur.share", "both")
+    texts = [c.text_ctx for c in result.clients]
+    assert all(torch.equal(t, texts[0]) for t in texts) and set(result.global_prompts) == {"visual", "text_ctx"}
+    assert row["bytes_sent"][0] == (result.clients[0].visual.numel() + texts[0].numel()) * 4 + 2 * 5 * 8
+
+
+def test_share_none_keeps_every_prompt_local(tmp_path):
+    result, row = run_smoke(tmp_path, "--fedur.share", "none")
+    assert differ([c.visual for c in result.clients]) and differ([c.text_ctx for c in result.clients])
+    assert result.global_prompts == {} and row["bytes_sent"] == [2 * 5 * 8] * 4
+
+
+def test_clients_that_sit_out_keep_their_text_prompt(tmp_path):
+    result, row = run_smoke(tmp_path, "--federation.join_rate", "0.5")
+    assert len(row["participants"]) == 2
+    init = initial_text_prompt(result)
+    for client in result.clients:
+        joined = client.client_id in row["participants"]
+        assert torch.equal(client.text_ctx, init) != joined
+        assert (row["loss"][client.client_id] is None) != joined
+        assert torch.equal(client.visual, result.global_prompts["visual"])  # everyone downloads P^v
+
+
+def initial_text_prompt(result):
+    from fedur.data.datasets import SYNTHETIC_CLASSES
+    from fedur.model.classifier import PromptedCLIP
+
+    torch.manual_seed(1)
+    fresh = PromptedCLIP(load_clip("fedur-tiny", None), SYNTHETIC_CLASSES[:5], 4, 5, None, 0.02, seed=1)
+    return fresh.text_prompt.ctx.detach()
+
+
+def test_without_selection_or_filters_every_sample_is_trained_on(tmp_path):
+    result, row = run_smoke(
+        tmp_path, "--fedur.cooperative_selection", "false", "--fedur.confidence_filter", "false",
+        "--fedur.entropy_filter", "false",
+    )
+    assert row["selected"] == [len(c.train_indices) for c in result.clients]
+
+
+def test_fedcopl_switches_turn_weights_and_negatives_off(tmp_path):
+    result, row = run_smoke(tmp_path, "--fedur.class_weights", "none", "--fedur.negatives", "none")
+    assert result.tuner.class_weights is None and all(v == 0.0 for v in row["loss_neg"])
+    assert all(not c.pseudo_labels.negatives.any() for c in result.clients)
+
+
+def test_online_negatives_and_client_momentum(tmp_path):
+    result, row = run_smoke(tmp_path, "--fedur.negatives", "online", "--optim.optimizer_state", "client")
+    assert all(v > 0 for v in row["loss_neg"])
+    assert all(c.optimizer_state is not None for c in result.clients)
