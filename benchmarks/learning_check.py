@@ -6,10 +6,10 @@ extracts the CIFAR-10 JPEGs from ../shared/data, then runs `fedur/main.py` once 
 paper's schedule (10 clients, Dirichlet beta 0.1, 20 rounds x 10 local epochs, refresh every 5) on a
 stratified fraction of the images, and writes a Markdown table of the results.
 
-    python benchmarks/learning_check.py                        # ~45 min on 2 CPU cores
-    python benchmarks/learning_check.py --variants fedur --rounds 5
+    python benchmarks/learning_check.py                        # ~40 min on 2 CPU cores
+    python benchmarks/learning_check.py --variants fedur --seeds 1,2,3
 
-Finished variants are skipped when rerun with the same --workdir.
+Finished runs (same variant and seed in the same --workdir) are reused when rerun.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def extract(archive: Path, target: Path) -> Path:
     return target
 
 
-def run_variant(name: str, args: argparse.Namespace, data_root: Path, tiny: Path) -> dict:
-    out = args.workdir / name
+def run_variant(name: str, seed: int, args: argparse.Namespace, data_root: Path, tiny: Path) -> dict:
+    out = args.workdir / f"{name}-seed{seed}"
     if (out / "summary.json").exists():
         print(f"[{name}] done before: {out}")
         return json.loads((out / "summary.json").read_text())
@@ -60,32 +60,38 @@ def run_variant(name: str, args: argparse.Namespace, data_root: Path, tiny: Path
         "--federation.num_clients", "10", "--federation.partition", "dirichlet", "--federation.beta", "0.1",
         "--federation.rounds", str(args.rounds), "--federation.local_epochs", str(args.local_epochs),
         "--federation.refresh_every", str(args.refresh_every),
-        "--run.seed", str(args.seed), "--run.threads", str(args.threads), "--run.output_dir", str(out),
+        "--run.seed", str(seed), "--run.threads", str(args.threads), "--run.output_dir", str(out),
         *VARIANTS[name],
     ]
-    print(f"[{name}] {' '.join(cmd)}", flush=True)
+    print(f"[{name} seed {seed}] {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    print(f"[{name}] {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"[{name} seed {seed}] {time.perf_counter() - start:.0f} s", flush=True)
     return json.loads((out / "summary.json").read_text())
 
 
-def table(results: dict[str, dict], args: argparse.Namespace) -> str:
-    first = next(iter(results.values()))
+def table(results: dict[tuple[str, int], dict], args: argparse.Namespace) -> str:
     lines = [
-        f"CIFAR-10 (tiny-clip), 10 clients, Dirichlet beta 0.1, seed {args.seed}: "
-        f"{args.rounds} rounds x {args.local_epochs} local epochs, refresh every {args.refresh_every}; "
-        f"train fraction {args.train_fraction}, test fraction {args.test_fraction}.",
+        f"CIFAR-10 (tiny-clip), 10 clients, Dirichlet beta 0.1: {args.rounds} rounds x {args.local_epochs} local "
+        f"epochs, refresh every {args.refresh_every}; train fraction {args.train_fraction}, test fraction "
+        f"{args.test_fraction}. Accuracies in %, mean over clients of each client's own test set.",
         "",
-        "| method | final mean client acc. (%) | best (round) | zero-shot client mean (%) | zero-shot global (%) |",
-        "| --- | --- | --- | --- | --- |",
+        "| method | seed | final | best (round) | zero-shot client mean | zero-shot global | wall s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, s in results.items():
+    for (name, seed), s in results.items():
         lines.append(
-            f"| {name} | {s['final_mean_accuracy']:.2f} | {s['best_mean_accuracy']:.2f} ({s['best_round']}) "
-            f"| {s['zero_shot_client_mean']:.2f} | {s['zero_shot_global']:.2f} |"
+            f"| {name} | {seed} | {s['final_mean_accuracy']:.2f} | {s['best_mean_accuracy']:.2f} ({s['best_round']}) "
+            f"| {s['zero_shot_client_mean']:.2f} | {s['zero_shot_global']:.2f} | {s['wall_seconds']:.0f} |"
         )
-    lines.append(f"\nwall time of the first run: {first['wall_seconds']:.0f} s")
+    seeds = sorted({seed for _, seed in results})
+    if len(seeds) > 1:
+        lines += ["", "| method | mean final over seeds | mean zero-shot client mean | gain |", "| --- | --- | --- | --- |"]
+        for name in dict.fromkeys(name for name, _ in results):
+            runs = [s for (n, _), s in results.items() if n == name]
+            final = sum(r["final_mean_accuracy"] for r in runs) / len(runs)
+            zero = sum(r["zero_shot_client_mean"] for r in runs) / len(runs)
+            lines.append(f"| {name} ({len(runs)} seeds) | {final:.2f} | {zero:.2f} | {final - zero:+.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -99,7 +105,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--local-epochs", type=int, default=10)
     parser.add_argument("--refresh-every", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", default="1", help="comma-separated, e.g. 1,2,3 (the paper's seeds)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
@@ -108,7 +114,11 @@ def main() -> None:
     if not tiny.is_dir() or not archive.is_file():
         sys.exit(f"needs {tiny} and {archive}: pass --shared-dir or set FEDUR_SHARED_DIR")
     data_root = extract(archive, args.workdir / "cifar10-jpg")
-    results = {name: run_variant(name, args, data_root, tiny) for name in args.variants.split(",")}
+    results = {
+        (name, int(seed)): run_variant(name, int(seed), args, data_root, tiny)
+        for seed in args.seeds.split(",")
+        for name in args.variants.split(",")
+    }
     report = table(results, args)
     (args.workdir / "results.md").write_text(report)
     print(report)

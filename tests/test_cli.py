@@ -1,26 +1,37 @@
-import os
-import subprocess
-import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
 from fedur.config import GROUPS
-from fedur.main import ConfigError, parse_config, resolve_precision, validate
-
-from .conftest import REPO
-
-MAIN = str(REPO / "fedur" / "main.py")
+from fedur.main import ConfigError, main, parse_config, resolve_precision, validate
 
 
-def run_main(*args, env=None, timeout=120):
-    return subprocess.run(
-        [sys.executable, MAIN, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
-    )
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_help_documents_every_option():
+@pytest.fixture
+def run_main(capsys, monkeypatch):
+    """The entry point in-process: `fedur/main.py ARGS` -> exit code and output."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def call(*args):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exit:
+            code = exit.code or 0
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return call
+
+
+def test_help_documents_every_option(run_main):
     out = run_main("--help").stdout
     for name, group in GROUPS.items():
         for field in group.__dataclass_fields__:
@@ -29,7 +40,7 @@ def test_help_documents_every_option():
     assert "--fabric.devices" in out and "\n  --devices" not in out  # namespaced: no clash with `fabric run`
 
 
-def test_print_config_and_overrides():
+def test_print_config_and_overrides(run_main):
     out = run_main("--config", "configs/smoke.yaml", "--federation.rounds", "7", "--print_config").stdout
     assert "rounds: 7" in out and "name: fedur-tiny" in out
 
@@ -60,14 +71,14 @@ def test_bad_settings_fail_before_compute(override, message):
         validate(cfg)
 
 
-def test_bad_input_exits_2_and_touches_nothing(tmp_path):
+def test_bad_input_exits_2_and_touches_nothing(tmp_path, run_main):
     out_dir = tmp_path / "run"
     result = run_main("--config", "configs/smoke.yaml", "--federation.beta", "-1", "--run.output_dir", str(out_dir))
     assert result.returncode == 2 and "fedur: error: federation.beta must be > 0" in result.stderr
     assert not out_dir.exists()
 
 
-def test_offline_real_config_stops_at_once_with_what_to_download():
+def test_offline_real_config_stops_at_once_with_what_to_download(run_main):
     start = time.perf_counter()
     result = run_main("--config", "configs/cifar10.yaml")
     assert result.returncode == 2
@@ -75,7 +86,7 @@ def test_offline_real_config_stops_at_once_with_what_to_download():
     assert time.perf_counter() - start < 60
 
 
-def test_existing_run_directory_is_never_overwritten(tmp_path):
+def test_existing_run_directory_is_never_overwritten(tmp_path, run_main):
     (tmp_path / "keep.txt").write_text("earlier results")
     result = run_main("--config", "configs/smoke.yaml", "--run.output_dir", str(tmp_path))
     assert result.returncode == 2 and "not empty" in result.stderr

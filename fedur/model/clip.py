@@ -8,7 +8,9 @@ what open_clip gives.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,14 +51,25 @@ def load_clip(
     With `pretrained=None` the weights are a random init drawn from torch's global RNG: seed it first.
     """
     weights = check_model(name, pretrained, config_file, cache_dir)
-    model, _, preprocess = open_clip.create_model_and_transforms(
-        name, pretrained=weights, cache_dir=cache_dir, force_quick_gelu=needs_quick_gelu(name, pretrained)
-    )
+    with _quiet_if(weights is None):  # open_clip warns about the random init we asked for
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            name, pretrained=weights, cache_dir=cache_dir, force_quick_gelu=needs_quick_gelu(name, pretrained)
+        )
     model.requires_grad_(False)
     model.eval()
     image_size = model.visual.image_size
     image_size = image_size[0] if isinstance(image_size, (tuple, list)) else image_size
     return FrozenCLIP(model, preprocess, open_clip.get_tokenizer(name), int(image_size))
+
+
+@contextlib.contextmanager
+def _quiet_if(quiet: bool):
+    if quiet:
+        logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def check_model(name: str, pretrained: str | None, config_file: str | None, cache_dir: str | None) -> str | None:

@@ -20,12 +20,12 @@ from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
 from fedur.federated.streams import participants
 from fedur.model.classifier import PromptedCLIP
-from fedur.model.clip import load_clip, zero_shot_weights
+from fedur.model.clip import FrozenCLIP, load_clip, zero_shot_weights
 from fedur.train.client import ClientState, train_client
 from fedur.train.evaluate import correct_and_total, predict
 from fedur.train.module import PromptTuner
 from fedur.train.recorder import Recorder, accuracies, mean
-from fedur.train.refresh import refresh_pseudo_labels
+from fedur.train.refresh import Refresh, refresh_pseudo_labels
 
 INT64_BYTES, FLOAT32_BYTES = 8, 4
 
@@ -42,35 +42,18 @@ class FitResult:
 
 
 def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResult:
-    fed, method, optim, data = cfg.federation, cfg.fedur, cfg.optim, cfg.data
-    seed, num_clients = cfg.run.seed, fed.num_clients
-    collectives = Collectives(fabric)
-    recorder = Recorder(fabric, run_dir)
-
-    with fabric.rank_zero_first():  # rank 0 downloads data and weights, the others then read its copy
-        dataset = load_data(cfg)
-        torch.manual_seed(seed)  # a random-init backbone must be the same on every rank
-        clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
-    train_parts, test_parts = split_clients(dataset, cfg)
-    local_ids = clients_on_rank(num_clients, fabric.world_size, fabric.global_rank)
-    model = PromptedCLIP(
-        clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
-        cfg.model.ctx_init_std, seed,
-    )
-    tuner = PromptTuner(
-        model, optim.lr, optim.momentum, optim.weight_decay, fed.refresh_every * fed.local_epochs,
-        method.negatives, method.tau_neg, method.neg_loss_weight,
-    ).to(fabric.device)
-    visual_init, text_init = model.prompts()  # every client starts from the same prompts
-    clients = [ClientState(k, train_parts[k], test_parts[k], visual_init, text_init) for k in local_ids]
+    fed, method, optim = cfg.federation, cfg.fedur, cfg.optim
+    num_clients = fed.num_clients
+    collectives, recorder = Collectives(fabric), Recorder(fabric, run_dir)
+    dataset, clip, tuner, clients = setup(fabric, cfg)
+    model, transform = tuner.model, clip.preprocess
     shared = {name: getattr(clients[0], name) for name in SHARED[method.share]}
-    transform = clip.preprocess
-    recorder.start(config_yaml, describe(fabric, cfg, dataset, train_parts, local_ids))
+    upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
+    recorder.start(config_yaml, describe(fabric, cfg, dataset, clients))
 
     zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
     recorder.record_zero_shot(evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text))
 
-    upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
     carried_optimizer = None  # optim.optimizer_state=shared: momentum passed from client to client
     start_time = time.perf_counter()
     for round_idx in range(fed.rounds):
@@ -81,50 +64,25 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResu
                 fabric, collectives, model, clients, dataset.train, transform,
                 zero_shot_text if round_idx == 0 else None, round_idx // fed.refresh_every, method,
                 num_clients=num_clients, n_total=len(dataset.train), batch_size=optim.eval_batch_size,
-                num_workers=data.num_workers,
+                num_workers=cfg.data.num_workers,
             )
             tuner.class_weights = refresh.class_weights
 
-        joined = torch.from_numpy(participants(num_clients, fed.join_rate, seed, round_idx))
+        joined = torch.from_numpy(participants(num_clients, fed.join_rate, cfg.run.seed, round_idx))
         weights = refresh.selected.sum(dim=1) * joined  # |D~_k| of the clients that train; 0 otherwise
-        local_stats = {}
-        for client in clients:
-            if weights[client.client_id] == 0:
-                continue
-            state_in = {"reset": None, "client": client.optimizer_state, "shared": carried_optimizer}[optim.optimizer_state]
-            result = train_client(
-                fabric, tuner, client, dataset.train, transform, round_idx,
-                local_epochs=fed.local_epochs, refresh_every=fed.refresh_every, batch_size=optim.batch_size,
-                num_workers=data.num_workers, seed=seed, optimizer_state=state_in,
-                log_every_n_steps=cfg.run.log_every_n_steps,
-            )
-            client.optimizer_state = result.optimizer_state if optim.optimizer_state == "client" else None
-            carried_optimizer = result.optimizer_state if optim.optimizer_state == "shared" else None
-            local_stats[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg])
-
+        local_losses, carried_optimizer = train_clients(
+            fabric, tuner, clients, dataset.train, transform, round_idx, weights, carried_optimizer, cfg
+        )
         shared.update(aggregate(collectives, clients, shared, weights, num_clients))
         accuracy = evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg)
-        stats = collectives.gather_clients(local_stats, num_clients, like=torch.zeros(3))
-        trained = weights > 0
-        counts_bytes = 2 * refresh.selected.shape[1] * INT64_BYTES if refreshed else 0  # u_k and realized counts
-        client_acc = accuracies(accuracy)
-        recorder.record_round({
-            "round": round_idx,
-            "rounds": fed.rounds,
-            "mean_accuracy": mean(client_acc),
-            "client_accuracy": client_acc,
-            "pseudo_label_accuracy": accuracies(refresh.label_hits),
-            "selected": refresh.selected.sum(dim=1).tolist(),
-            "selected_per_class": refresh.selected.sum(dim=0).tolist(),
-            "refreshed": refreshed,
-            "participants": [k for k in range(num_clients) if joined[k]],
-            "lr": tuner.learning_rate((round_idx % fed.refresh_every) * fed.local_epochs),
-            "loss": [float(stats[k, 0]) if trained[k] else None for k in range(num_clients)],
-            "loss_pos": [float(stats[k, 1]) if trained[k] else None for k in range(num_clients)],
-            "loss_neg": [float(stats[k, 2]) if trained[k] else None for k in range(num_clients)],
-            "round_seconds": time.perf_counter() - round_start,
-            "bytes_sent": [(upload_bytes if trained[k] else 0) + counts_bytes for k in range(num_clients)],
-        })
+        losses = collectives.gather_clients(local_losses, num_clients, like=torch.zeros(3))
+
+        uploads = (weights > 0) * upload_bytes + (2 * dataset.num_classes * INT64_BYTES if refreshed else 0)
+        recorder.record_round(round_record(
+            round_idx, cfg, refresh, refreshed, joined, weights, accuracy, losses, uploads,
+            lr=tuner.learning_rate((round_idx % fed.refresh_every) * fed.local_epochs),
+            seconds=time.perf_counter() - round_start,
+        ))
 
     recorder.save_prompts(shared, clients)
     summary = recorder.finish(
@@ -132,6 +90,100 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResu
         {"num_clients": num_clients, "world_size": fabric.world_size, "wall_seconds": time.perf_counter() - start_time},
     )
     return FitResult(summary, tuner, clients, shared)
+
+
+def setup(fabric: Fabric, cfg: Config) -> tuple[ImageDataset, FrozenCLIP, PromptTuner, list[ClientState]]:
+    """The data split, the frozen backbone with its prompt slots on this rank, and this rank's clients."""
+    with fabric.rank_zero_first():  # rank 0 downloads data and weights, the others then read its copy
+        dataset = load_data(cfg)
+        torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
+        clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
+    train_parts, test_parts = split_clients(dataset, cfg)
+    model = PromptedCLIP(
+        clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
+        cfg.model.ctx_init_std, cfg.run.seed,
+    )
+    fed, optim, method = cfg.federation, cfg.optim, cfg.fedur
+    tuner = PromptTuner(
+        model, optim.lr, optim.momentum, optim.weight_decay, fed.refresh_every * fed.local_epochs,
+        method.negatives, method.tau_neg, method.neg_loss_weight,
+    ).to(fabric.device)
+    visual, text = model.prompts()  # every client starts from the same prompts
+    local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank)
+    clients = [ClientState(k, train_parts[k], test_parts[k], visual, text) for k in local_ids]
+    return dataset, clip, tuner, clients
+
+
+def train_clients(
+    fabric: Fabric,
+    tuner: PromptTuner,
+    clients: list[ClientState],
+    split: ImageSplit,
+    transform,
+    round_idx: int,
+    weights: Tensor,
+    carried_optimizer: dict | None,
+    cfg: Config,
+) -> tuple[dict[int, Tensor], dict | None]:
+    """Local training of this rank's clients that take part (weight > 0), one after the other.
+
+    Returns each trained client's mean (loss, loss_pos, loss_neg) and, for optim.optimizer_state=shared,
+    the momentum to hand to the next client.
+    """
+    mode, losses = cfg.optim.optimizer_state, {}
+    for client in clients:
+        if weights[client.client_id] == 0:
+            continue
+        result = train_client(
+            fabric, tuner, client, split, transform, round_idx,
+            local_epochs=cfg.federation.local_epochs, refresh_every=cfg.federation.refresh_every,
+            batch_size=cfg.optim.batch_size, num_workers=cfg.data.num_workers, seed=cfg.run.seed,
+            optimizer_state={"reset": None, "client": client.optimizer_state, "shared": carried_optimizer}[mode],
+            log_every_n_steps=cfg.run.log_every_n_steps,
+        )
+        client.optimizer_state = result.optimizer_state if mode == "client" else None
+        carried_optimizer = result.optimizer_state if mode == "shared" else None
+        losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg])
+    return losses, carried_optimizer
+
+
+def round_record(
+    round_idx: int,
+    cfg: Config,
+    refresh: Refresh,
+    refreshed: bool,
+    joined: Tensor,
+    weights: Tensor,
+    accuracy: Tensor,
+    losses: Tensor,
+    uploads: Tensor,
+    lr: float,
+    seconds: float,
+) -> dict:
+    """One line of metrics.jsonl: every per-client list is indexed by client id."""
+    trained = (weights > 0).tolist()
+    client_acc = accuracies(accuracy)
+
+    def per_trained(column: int) -> list[float | None]:
+        return [float(losses[k, column]) if t else None for k, t in enumerate(trained)]
+
+    return {
+        "round": round_idx,
+        "rounds": cfg.federation.rounds,
+        "mean_accuracy": mean(client_acc),
+        "client_accuracy": client_acc,
+        "pseudo_label_accuracy": accuracies(refresh.label_hits),
+        "selected": refresh.selected.sum(dim=1).tolist(),
+        "selected_per_class": refresh.selected.sum(dim=0).tolist(),
+        "refreshed": refreshed,
+        "participants": torch.nonzero(joined).flatten().tolist(),
+        "lr": lr,
+        "loss": per_trained(0),
+        "loss_pos": per_trained(1),
+        "loss_neg": per_trained(2),
+        "round_seconds": seconds,
+        "bytes_sent": uploads.tolist(),
+    }
 
 
 def aggregate(
@@ -188,11 +240,12 @@ def evaluate_clients(
     return collectives.gather_clients(counts, cfg.federation.num_clients, like=torch.zeros(2, dtype=torch.long))
 
 
-def describe(fabric: Fabric, cfg: Config, dataset: ImageDataset, train_parts: list[np.ndarray], local_ids: list[int]) -> str:
-    sizes = [len(p) for p in train_parts]
+def describe(fabric: Fabric, cfg: Config, dataset: ImageDataset, clients: list[ClientState]) -> str:
+    sizes = [len(c.train_indices) for c in clients]
     return (
         f"fedur: {dataset.name} ({dataset.num_classes} classes, {len(dataset.train)} train / {len(dataset.test)} test), "
-        f"{cfg.federation.num_clients} clients on {fabric.world_size} rank(s) [rank 0 hosts {local_ids}], "
-        f"{cfg.federation.partition} split, client train sizes {min(sizes)}-{max(sizes)}, "
+        f"{cfg.federation.num_clients} clients on {fabric.world_size} rank(s) "
+        f"[rank 0 hosts {[c.client_id for c in clients]}, train sizes {min(sizes)}-{max(sizes)}], "
+        f"{cfg.federation.partition} split, "
         f"{cfg.federation.rounds} rounds x {cfg.federation.local_epochs} local epochs, device {fabric.device}"
     )

@@ -55,7 +55,7 @@ class PromptTuner(L.LightningModule):
         else:
             if self.negatives == "online":
                 negatives = mass_negatives(logits.detach().float().softmax(dim=-1), self.tau_neg)
-                negatives[torch.arange(len(labels)), labels] = False
+                negatives[torch.arange(len(labels), device=labels.device), labels] = False
             loss_neg = negative_loss(logits, negatives)
         loss = loss_pos + self.neg_loss_weight * loss_neg
         return {"loss": loss, "loss_pos": loss_pos.detach(), "loss_neg": loss_neg.detach()}
