@@ -31,6 +31,7 @@ VARIANTS = {
     # diagnostics of the aggregation protocol (what the server averages)
     "fedur-local": ["--fedur.share", "none"],
     "fedur-share-both": ["--fedur.share", "both"],
+    "fedur-text-only": ["--model.visual_tokens", "0"],  # only the personal text prompt is trained
 }
 
 
@@ -107,6 +108,7 @@ def main() -> None:
     parser.add_argument("--refresh-every", type=int, default=5)
     parser.add_argument("--seeds", default="1", help="comma-separated, e.g. 1,2,3 (the paper's seeds)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--report", default="results.md", help="Markdown table written into --workdir")
     args = parser.parse_args()
 
     tiny = args.shared_dir / "assets" / "tiny-clip"
@@ -120,7 +122,7 @@ def main() -> None:
         for name in args.variants.split(",")
     }
     report = table(results, args)
-    (args.workdir / "results.md").write_text(report)
+    (args.workdir / args.report).write_text(report)
     print(report)
 
 

@@ -29,7 +29,6 @@ from fedur.train.refresh import Refresh, refresh_pseudo_labels
 
 INT64_BYTES, FLOAT32_BYTES = 8, 4
 
-
 SHARED = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text_ctx"), "none": ()}
 
 
