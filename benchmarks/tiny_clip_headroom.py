@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import tarfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from fedur.data.datasets import build_dataset
+from learning_check import extract  # benchmarks/ is on sys.path when run as a script
 from fedur.model.clip import load_clip, zero_shot_weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,10 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    root = args.workdir / "cifar10-jpg"
-    if not (root / "test").is_dir():
-        with tarfile.open(args.shared_dir / "data" / "cifar10-jpg.tar.gz") as tar:
-            tar.extractall(root, filter="data")
+    root = extract(args.shared_dir / "data" / "cifar10-jpg.tar.gz", args.workdir / "cifar10-jpg")
     tiny = args.shared_dir / "assets" / "tiny-clip"
     clip = load_clip("tinyclip-teacher-a", str(tiny / "tinyclip-teacher-a.pt"), str(tiny / "tinyclip-teacher-a.json"))
     data = build_dataset("imagefolder", str(root), train_fraction=args.train_fraction, test_fraction=args.test_fraction)

@@ -1,3 +1,4 @@
+import re
 import time
 from dataclasses import dataclass
 
@@ -67,7 +68,7 @@ def test_overrides_and_later_configs_win(tmp_path):
 )
 def test_bad_settings_fail_before_compute(override, message):
     cfg, _ = parse_config(["--config", "configs/smoke.yaml", *override])
-    with pytest.raises(Exception, match=message.replace("(", "\\(").replace(")", "\\)").replace("]", "\\]")):
+    with pytest.raises(Exception, match=re.escape(message)):
         validate(cfg)
 
 

@@ -27,10 +27,9 @@ def cifar_test_subset(shared_dir, tmp_path_factory):
             if member.isfile() and parts[0] == "test" and taken.get(parts[1], 0) < PER_CLASS:
                 taken[parts[1]] = taken.get(parts[1], 0) + 1
                 archive.extract(member, root, filter="data")
-                for split in ("train",):  # the loader wants both splits; reuse the files
-                    target = root / split / parts[1] / parts[2]
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes((root / member.name).read_bytes())
+                copy = root / "train" / parts[1] / parts[2]  # the loader wants a train split too
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                copy.write_bytes((root / member.name).read_bytes())
     return load_imagefolder(str(root))
 
 

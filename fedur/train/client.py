@@ -28,7 +28,8 @@ class PseudoLabels:
 
 @dataclass
 class ClientState:
-    """Everything that belongs to one client; nothing here is shared with other clients."""
+    """Everything that belongs to one client. After aggregation a shared prompt is the same tensor for
+    every client; nothing is ever modified in place, so clients cannot affect each other."""
 
     client_id: int
     train_indices: np.ndarray  # into the dataset's train split
@@ -41,11 +42,9 @@ class ClientState:
 
 @dataclass
 class LocalResult:
-    steps: int
-    loss: float
+    loss: float  # means over the round's optimizer steps
     loss_pos: float
     loss_neg: float
-    lr: float
     optimizer_state: dict | None
 
 
@@ -83,11 +82,10 @@ def train_client(
     )
     first_epoch = (round_idx % refresh_every) * local_epochs
     sums = torch.zeros(3, device=fabric.device)  # loss, loss_pos, loss_neg: summed on device, read once
-    steps, lr = 0, tuner.learning_rate(first_epoch)
+    steps = 0
     for epoch in range(local_epochs):
-        lr = tuner.learning_rate(first_epoch + epoch)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = tuner.learning_rate(first_epoch + epoch)
         for batch in loader:
             batch = fabric.to_device(batch)
             with fabric.autocast():
@@ -101,11 +99,4 @@ def train_client(
                 fabric.print(f"  client {client.client_id} step {steps} loss {out['loss'].item():.4f}")
     client.visual, client.text_ctx = model.prompts()
     means = (sums / max(steps, 1)).tolist()  # device-to-host sync, once per client-round
-    return LocalResult(
-        steps=steps,
-        loss=means[0],
-        loss_pos=means[1],
-        loss_neg=means[2],
-        lr=lr,
-        optimizer_state=copy.deepcopy(optimizer.state_dict()),
-    )
+    return LocalResult(*means, optimizer_state=copy.deepcopy(optimizer.state_dict()))
