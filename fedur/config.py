@@ -38,17 +38,38 @@ class ModelConfig:
 class DataConfig:
     """The dataset the clients' unlabeled images come from."""
 
-    name: Literal["imagefolder", "cifar10", "synthetic"] = "imagefolder"
-    """imagefolder: root/train/<class>/*, root/test/<class>/*; cifar10: torchvision CIFAR-10 (downloaded
-    into data.root when online); synthetic: small generated images for smoke runs."""
+    name: Literal[
+        "imagefolder", "cifar10", "cifar100", "dtd", "resisc45", "cub", "ucf101", "domainnet", "officehome",
+        "synthetic",
+    ] = "imagefolder"
+    """imagefolder: your own root/train/<class>/*, root/test/<class>/*; cifar10/cifar100: torchvision
+    (downloaded into data.root when online); dtd, resisc45, cub, ucf101, domainnet, officehome: the
+    paper's benchmarks in the layouts the README describes; synthetic: small generated images for smoke runs."""
     root: str | None = None
-    """Dataset directory (imagefolder, cifar10)."""
+    """Dataset directory (every dataset but synthetic)."""
     classnames_file: str | None = None
     """Optional text file with one class name per line, in the sorted order of the class folders."""
     template: str | None = None
     """Zero-shot prompt template with one `{}` (default: the dataset's, 'a photo of a {}.')."""
     download: bool = True
     """Download a torchvision dataset into data.root when it is missing."""
+    domains: list[str] | None = None
+    """Multi-domain datasets (domainnet, officehome): the domains to load, in this order (null: all)."""
+    domainnet_classes: Literal[10, 345] = 10
+    """DomainNet classes: the 10-class subset of federated work (FedBN, FedOTP) or all 345."""
+    holdout_fraction: float = 0.2
+    """Datasets without an official test split (officehome): seeded, stratified share of each domain and
+    class held out as the test split."""
+    holdout_seed: int = 0
+    """Seed of that held-out split; fixed apart from run.seed so every run tests on the same images."""
+    cache: bool = True
+    """Decode every image once into a memory-mapped uint8 cache at the model's input resolution and
+    train from it (no JPEG decoding or resizing per epoch)."""
+    cache_dir: str | None = None
+    """Where the decoded-image cache lives (null: ~/.cache/fedur); shared by later runs and every rank."""
+    corrupt_images: Literal["stop", "skip"] = "stop"
+    """An image that cannot be decoded stops the run with its path ('stop'), or is left out and counted in
+    the run's summary ('skip')."""
     train_fraction: float = 1.0
     """Keep this stratified, seeded fraction of the train split (for quick experiments)."""
     test_fraction: float = 1.0
@@ -77,10 +98,16 @@ class FederationConfig:
     """Local epochs per round."""
     refresh_every: int = 5
     """Pseudo-labels are recomputed every this many rounds (round 0 with zero-shot CLIP)."""
-    partition: Literal["dirichlet", "iid"] = "dirichlet"
-    """Label split across clients: Dirichlet label skew (one draw per class shared by train and test) or IID."""
+    partition: Literal["dirichlet", "quantity", "domain", "domain_dirichlet", "iid"] = "dirichlet"
+    """How the data is split across clients: Dirichlet label skew (one draw per class shared by train and
+    test), quantity-based label skew (each client holds `class_fraction` of the classes), feature skew (one
+    client per domain), domain + Dirichlet (each domain split over `clients_per_domain` clients), or IID."""
     beta: float = 0.1
     """Dirichlet concentration; smaller means more skew (the paper: 0.1 and 0.05)."""
+    class_fraction: float = 0.2
+    """Quantity skew: share of the classes each client holds; each class goes to int(class_fraction * K) clients."""
+    clients_per_domain: int = 3
+    """domain_dirichlet: clients per domain (the paper: 3 or 5); num_clients must equal it times the domains."""
     min_train_per_client: int = 10
     """The Dirichlet split is redrawn until every client holds at least this many train images."""
     join_rate: float = 1.0
@@ -157,6 +184,8 @@ class RunConfig:
     """Use deterministic algorithms (torch.use_deterministic_algorithms)."""
     log_every_n_steps: int = 0
     """Also print the local training loss every n optimizer steps (0: only per round)."""
+    progress: bool = True
+    """Rank 0 shows progress bars with the time left (rounds, clients, epochs, pseudo-labelling)."""
 
 
 @dataclass
