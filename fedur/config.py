@@ -174,7 +174,20 @@ class RunConfig:
     """Where results go and what makes the run reproducible."""
 
     output_dir: str | None = None
-    """Run directory; must not exist or be empty. Default: runs/<timestamp>."""
+    """Run directory; must not exist or be empty unless resuming. Default: runs/<timestamp>."""
+    resume: bool | str = False
+    """Continue a run from its last committed round: true (the run in run.output_dir), "auto" (resume when
+    run.output_dir holds a committed checkpoint, else start there; for requeued jobs), or a run directory."""
+    force_resume: bool = False
+    """Resume even when settings that change results differ from the checkpoint's (they are listed)."""
+    keep_checkpoints: int = 2
+    """Committed round checkpoints kept in <run>/checkpoints (older ones are deleted)."""
+    collective_timeout: float = 300.0
+    """Seconds a rank waits in a collective for its peers before the run fails (a dead or stuck rank)."""
+    requeue_on: list[Literal["SIGUSR1", "SIGTERM"]] = field(default_factory=lambda: ["SIGUSR1"])
+    """Stop signals after which rank 0 requeues the SLURM job (SIGTERM is also what `scancel` sends)."""
+    fault: str | None = None
+    """Test only: inject a failure, "<kill|raise|hang>:<train|commit>:<round>:<rank>" (fedur/train/faults.py)."""
     seed: int = 1
     """Seed of the split, the prompt init, and every client's data order (the paper: 1, 2, 3)."""
     threads: int | None = None
@@ -214,6 +227,22 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
+
+
+# Settings that do not change what a run computes: a resumed run may change them freely.
+RESULT_NEUTRAL = {
+    "model.cache_dir", "data.root", "data.download", "data.num_workers", "data.cache", "data.cache_dir",
+    "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
+    "run.keep_checkpoints", "run.collective_timeout", "run.requeue_on", "run.fault", "run.threads",
+    "run.log_every_n_steps", "run.progress", "fabric.accelerator", "fabric.devices", "fabric.num_nodes",
+    "fabric.strategy",
+}
+
+
+def result_settings(settings: dict) -> dict:
+    """{"group.key": value} of the settings that change results, from `dataclasses.asdict(Config)`."""
+    flat = {f"{group}.{key}": value for group, values in settings.items() for key, value in values.items()}
+    return {key: value for key, value in flat.items() if key not in RESULT_NEUTRAL}
 
 
 GROUPS = {

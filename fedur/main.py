@@ -17,16 +17,22 @@ if __package__ in (None, ""):  # run as a script: keep fedur/'s folders from sha
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
 import time
+from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_parsing_settings
 
-from fedur.config import GROUPS, Config, FabricConfig
+from fedur.config import GROUPS, Config, FabricConfig, result_settings
 from fedur.data.datasets import DataUnavailableError, check_available
 from fedur.data.partition import PartitionError
+from fedur.federated.collectives import CollectiveError
 from fedur.federated.placement import PlacementError
 from fedur.model.clip import ModelUnavailableError, check_model
+from fedur.train import checkpoint
+from fedur.train.checkpoint import CheckpointError
+from fedur.train.faults import parse_fault
 
 SUPPORTED_PRECISION = ("32-true", "32", "bf16-mixed", "bf16")
 
@@ -35,7 +41,7 @@ class ConfigError(ValueError):
     """A setting is invalid; the message names the key and the accepted values."""
 
 
-USER_ERRORS = (ConfigError, DataUnavailableError, ModelUnavailableError, PartitionError, PlacementError)
+USER_ERRORS = (ConfigError, DataUnavailableError, ModelUnavailableError, PartitionError, PlacementError, CheckpointError)
 
 
 def build_parser() -> ArgumentParser:
@@ -88,6 +94,10 @@ def validate(cfg: Config) -> None:
         (0 < data.train_fraction <= 1 and 0 < data.test_fraction <= 1, "data fractions must be in (0, 1]"),
         (data.num_workers >= 0, "data.num_workers must be >= 0"),
         (cfg.run.threads is None or cfg.run.threads >= 1, "run.threads must be >= 1 or null"),
+        (cfg.run.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {cfg.run.keep_checkpoints}"),
+        (cfg.run.collective_timeout > 0, f"run.collective_timeout must be > 0 seconds, got {cfg.run.collective_timeout}"),
+        (fed.num_clients >= expected_world_size(cfg.fabric), f"federation.num_clients={fed.num_clients} is fewer "
+         f"than the {expected_world_size(cfg.fabric)} ranks launched; every rank needs at least one client"),
     ]
     for ok, message in checks:
         if not ok:
@@ -98,8 +108,89 @@ def validate(cfg: Config) -> None:
             f"precision {cli_precision!r} from `fabric run --precision` is not supported; use 32-true or bf16-mixed "
             "(16-mixed keeps one GradScaler per process, which would couple the clients sharing a rank)"
         )
+    try:
+        parse_fault(cfg.run.fault)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     check_model(model.name, model.pretrained, model.config_file, model.cache_dir)
     check_available(data.name, data.root, data.download)
+
+
+def resolve_resume(cfg: Config) -> checkpoint.Committed | None:
+    """The committed round to continue from (None: a fresh run), with run.output_dir set to its run.
+
+    Refuses, before any compute: a resume without a run directory or committed checkpoint, an unreadable
+    checkpoint, and changed result-affecting settings (unless run.force_resume).
+    """
+    resume, run = cfg.run.resume, cfg.run
+    if resume is False:
+        return None
+    if isinstance(resume, str) and resume != "auto":
+        if run.output_dir is not None and Path(run.output_dir).resolve() != Path(resume).resolve():
+            raise ConfigError(f"run.resume={resume} and run.output_dir={run.output_dir} name different runs; give one")
+        if not Path(resume).is_dir():
+            raise CheckpointError(f"run.resume={resume} does not exist; give the directory of the run to continue")
+        run.output_dir = resume
+    if run.output_dir is None:
+        raise ConfigError("run.resume needs run.output_dir: the directory of the run to continue")
+    committed = checkpoint.latest(Path(run.output_dir))
+    if committed is None:
+        if resume == "auto":
+            return None  # nothing committed yet: start the run (prepare_run_dir refuses a non-empty directory)
+        raise CheckpointError(
+            f"no committed checkpoint under {run.output_dir}/{checkpoint.CHECKPOINTS}/ to resume from "
+            "(a run commits one after each round); start a new run instead"
+        )
+    if committed.marker["num_clients"] != cfg.federation.num_clients:
+        raise ConfigError(
+            f"the checkpoint in {committed.folder} has {committed.marker['num_clients']} clients, "
+            f"federation.num_clients is {cfg.federation.num_clients}"
+        )
+    changed = settings_diff(committed.marker["settings"], result_settings(asdict(cfg)))
+    if changed and not run.force_resume:
+        raise ConfigError(
+            f"settings that change results differ from the checkpoint in {committed.folder}:\n  "
+            + "\n  ".join(changed) + "\nrestore them, or pass --run.force_resume true to continue anyway"
+        )
+    checkpoint.verify(committed, cfg.federation.num_clients)
+    return committed
+
+
+def settings_diff(saved: dict, now: dict) -> list[str]:
+    keys = sorted(set(saved) | set(now))
+    missing = "<absent>"
+    return [
+        f"{key}: {saved.get(key, missing)!r} (checkpoint) -> {now.get(key, missing)!r} (now)"
+        for key in keys if _plain(saved.get(key, missing)) != _plain(now.get(key, missing))
+    ]
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def expected_world_size(settings: FabricConfig) -> int:
+    """The number of ranks this launch will have, known before any process group exists."""
+    for var in ("WORLD_SIZE", "SLURM_NTASKS"):  # torchrun / `fabric run`; srun
+        if os.environ.get(var, "").isdigit() and (var != "SLURM_NTASKS" or _slurm_launch()):
+            return int(os.environ[var])
+    devices = os.environ.get("LT_DEVICES", settings.devices)
+    nodes = int(os.environ.get("LT_NUM_NODES", settings.num_nodes))
+    accelerator = os.environ.get("LT_ACCELERATOR", settings.accelerator)
+    cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+    if isinstance(devices, str) and "," in devices:
+        count = len([d for d in devices.split(",") if d.strip()])
+    elif str(devices) in ("auto", "-1"):
+        count = torch.cuda.device_count() if cuda else 1
+    else:
+        count = int(devices)
+    return max(count, 1) * nodes
+
+
+def _slurm_launch() -> bool:
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return SLURMEnvironment.detect()
 
 
 def resolve_precision(settings: FabricConfig) -> str | None:
@@ -111,12 +202,21 @@ def resolve_precision(settings: FabricConfig) -> str | None:
     return "bf16-mixed" if cuda else "32-true"
 
 
-def make_fabric(settings: FabricConfig):
+def make_fabric(settings: FabricConfig, collective_timeout: float = 300.0):
+    """Fabric with DDP's process-group timeout set to `collective_timeout` (not the 30-minute default),
+    so a dead or stuck peer becomes an error."""
     from lightning import Fabric
+    from lightning.fabric.strategies import DDPStrategy
 
+    strategy = os.environ.get("LT_STRATEGY", settings.strategy)
+    if strategy in ("auto", "ddp", "ddp_spawn") and expected_world_size(settings) > 1:
+        os.environ.pop("LT_STRATEGY", None)  # `fabric run --strategy ddp`: the same strategy, built here
+        strategy = DDPStrategy(
+            timeout=timedelta(seconds=collective_timeout), start_method="spawn" if strategy == "ddp_spawn" else "popen"
+        )
     return Fabric(
         accelerator=settings.accelerator,
-        strategy=settings.strategy,
+        strategy=strategy,
         devices=settings.devices,
         num_nodes=settings.num_nodes,
         precision=resolve_precision(settings),
@@ -131,34 +231,33 @@ def set_threads(fabric, threads: int | None) -> int:
     return threads
 
 
-def prepare_run_dir(fabric, output_dir: str | None) -> Path:
-    """Create the run directory; refuse one that already holds files (no run overwrites another)."""
+def prepare_run_dir(fabric, output_dir: str | None, resuming: bool = False) -> Path:
+    """The run directory (created by the round loop once the data and model are loaded); refuse one that
+    already holds files (no run overwrites another) unless the run resumes there."""
     if output_dir is None:
         output_dir = fabric.broadcast(os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")), src=0)
     path = Path(output_dir)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ConfigError(f"run.output_dir={path} already exists and is not empty; choose a new run.output_dir")
-    fabric.barrier()
-    if fabric.is_global_zero:
-        path.mkdir(parents=True, exist_ok=True)
-    fabric.barrier()
+    if not resuming and path.exists() and (not path.is_dir() or any(path.iterdir())):
+        hint = " (it holds a checkpoint: add --run.resume true to continue it)" if checkpoint.committed_rounds(path) else ""
+        raise ConfigError(f"run.output_dir={path} already exists and is not empty{hint}; choose a new run.output_dir")
     return path
 
 
 def run(cfg: Config, config_yaml: str):
     from fedur.train.fit import fit
 
+    resume = resolve_resume(cfg)
     if cfg.run.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
-    fabric = make_fabric(cfg.fabric)
+    fabric = make_fabric(cfg.fabric, cfg.run.collective_timeout)
     if os.environ.get("LT_CLI_USED") != "1":  # under `fabric run` the processes already exist
         fabric.launch()
     if cfg.optim.optimizer_state == "shared" and fabric.world_size > 1:
         raise ConfigError("optim.optimizer_state=shared passes momentum from client to client and needs one rank")
     set_threads(fabric, cfg.run.threads)
-    run_dir = prepare_run_dir(fabric, cfg.run.output_dir)
-    return fit(fabric, cfg, run_dir, config_yaml)
+    run_dir = prepare_run_dir(fabric, cfg.run.output_dir, resuming=resume is not None)
+    return fit(fabric, cfg, run_dir, config_yaml, resume)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as err:
         print(f"fedur: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except CollectiveError as err:
+        print(f"fedur: error: {err}", file=sys.stderr, flush=True)
+        os._exit(1)  # the process group is broken: do not wait in its teardown
 
 
 if __name__ == "__main__":

@@ -107,3 +107,101 @@ def test_precision_auto(monkeypatch):
     cfg, _ = parse_config(["--config", "configs/smoke.yaml"])
     with pytest.raises(ConfigError, match="GradScaler"):
         validate(cfg)
+
+
+def snapshot(root) -> dict:
+    """Every file under root with its size, mtime and contents."""
+    from pathlib import Path
+
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A one-round smoke run with its committed checkpoint."""
+    from fedur.main import run
+
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    cfg, config_yaml = parse_config(["--config", "configs/smoke.yaml", "--federation.rounds", "1", "--run.output_dir", str(run_dir)])
+    run(cfg, config_yaml)
+    return run_dir
+
+
+def image_folder(root, classes: dict[str, int], corrupt: bool = False):
+    import numpy as np
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for name, count in classes.items():
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(np.full((8, 8, 3), 40 * i % 255, dtype=np.uint8)).save(folder / f"{i}.png")
+    if corrupt:
+        (root / "train" / next(iter(classes)) / "broken.png").write_bytes(b"\x89PNG not really")
+    return root
+
+
+def bad_input_case(case: str, tmp_path, finished_run):
+    """(arguments, expected message) of one bad input; files it needs are made under tmp_path/inputs."""
+    import shutil
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    fresh = ["--run.output_dir", str(tmp_path / "new-run")]
+    if case == "corrupt checkpoint" or case == "changed settings":
+        copy = inputs / "run"
+        shutil.copytree(finished_run, copy)
+        resume = ["--run.resume", "true", "--run.output_dir", str(copy)]
+        if case == "changed settings":
+            return [*resume, "--model.n_ctx", "8"], "model.n_ctx: 4 (checkpoint) -> 8 (now)"
+        victim = copy / "checkpoints" / "round_00000" / "client_002.pt"
+        victim.write_bytes(victim.read_bytes()[:100])
+        return resume, f"checkpoint file {victim} is corrupt"
+    if case == "bad model json":
+        (inputs / "broken.json").write_text("{not json")
+        return [*fresh, "--model.name", "broken", "--model.config_file", str(inputs / "broken.json")], "is not valid JSON"
+    if case in ("empty class", "names mismatch", "corrupt image"):
+        root = image_folder(inputs / "data", {"cat": 0 if case == "empty class" else 12, "dog": 12}, corrupt=case == "corrupt image")
+        data = [*fresh, "--data.name", "imagefolder", "--data.root", str(root), "--federation.num_clients", "2", "--federation.min_train_per_client", "1"]
+        if case == "names mismatch":
+            (inputs / "names.txt").write_text("cat\n")
+            return [*data, "--data.classnames_file", str(inputs / "names.txt")], "has 1 names but there are 2 class folders"
+        if case == "empty class":
+            return data, f"{root}/train/cat has no images"
+        return data, "broken.png"
+    return {
+        "beta": ([*fresh, "--federation.beta", "0"], "federation.beta must be > 0"),
+        "join rate": ([*fresh, "--federation.join_rate", "1.01"], "federation.join_rate must be in (0, 1]"),
+        "fewer clients than ranks": (
+            [*fresh, "--fabric.accelerator", "cpu", "--fabric.devices", "3", "--federation.num_clients", "2"],
+            "federation.num_clients=2 is fewer than the 3 ranks launched",
+        ),
+        "more clients than samples": (
+            [*fresh, "--federation.num_clients", "400", "--federation.min_train_per_client", "1"],
+            "300 train samples cannot give 400 clients",
+        ),
+        "n_ctx": ([*fresh, "--model.n_ctx", "-1"], "model.n_ctx must be >= 0"),
+        "prompt tokens": ([*fresh, "--model.visual_tokens", "-1"], "model.visual_tokens must be >= 0"),
+        "unknown dataset": ([*fresh, "--data.name", "imagenet-nope"], "data.name"),
+        "unknown model": ([*fresh, "--model.name", "ViT-Huge-Nope"], "Unknown open_clip model"),
+        "missing checkpoint": (["--run.resume", str(tmp_path / "no-such-run")], "does not exist"),
+        "run directory taken": (["--run.output_dir", str(finished_run)], "already exists and is not empty (it holds a checkpoint"),
+    }[case]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "beta", "join rate", "fewer clients than ranks", "more clients than samples", "n_ctx", "prompt tokens",
+        "unknown dataset", "unknown model", "bad model json", "missing checkpoint", "corrupt checkpoint",
+        "changed settings", "empty class", "names mismatch", "corrupt image", "run directory taken",
+    ],
+)
+def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tmp_path, finished_run, run_main):
+    args, message = bad_input_case(case, tmp_path, finished_run)
+    before, finished_before = snapshot(tmp_path), snapshot(finished_run)
+    result = run_main("--config", "configs/smoke.yaml", *args)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-2000:]
+    assert snapshot(tmp_path) == before and snapshot(finished_run) == finished_before

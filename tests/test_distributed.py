@@ -93,7 +93,9 @@ def _no_hidden_sync_worker(fabric, config_args, run_dir):
     fabric.barrier()
     result = fit(fabric, cfg, Path(run_dir), config_yaml)
 
-    texts = Collectives(fabric).gather_clients({c.client_id: c.text_ctx for c in result.clients}, 4)
+    texts = Collectives(fabric).gather_clients(
+        {c.client_id: c.text_ctx for c in result.clients}, 4, like=result.clients[0].text_ctx, what="text prompts"
+    )
     assert all(not torch.equal(texts[i], texts[j]) for i in range(4) for j in range(i)), "text prompts synchronized"
     visuals = fabric.all_gather(result.global_prompts["visual"])  # (world_size, depth, n_tok, width)
     assert torch.equal(visuals[0], visuals[1]), "global visual prompt differs across ranks"

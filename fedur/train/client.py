@@ -14,6 +14,7 @@ from torch import Tensor
 from fedur.data.datasets import ImageSplit
 from fedur.data.loaders import ClientImages, make_loader
 from fedur.federated.streams import client_generator
+from fedur.train.checkpoint import CheckpointError
 from fedur.train.module import PromptTuner
 
 
@@ -38,6 +39,34 @@ class ClientState:
     text_ctx: Tensor  # (n_ctx, width): the text prompt it uses (personal unless fedur.share shares it)
     optimizer_state: dict | None = None  # kept across rounds only with optim.optimizer_state=client
     pseudo_labels: PseudoLabels | None = None
+
+    # A client's random streams are a pure function of (run.seed, client_id, round) (federated/streams.py):
+    # the round counter in the checkpoint is all they need.
+    def state_dict(self) -> dict:
+        labels = self.pseudo_labels
+        return {
+            "client_id": self.client_id,
+            "train_indices": torch.from_numpy(self.train_indices),
+            "test_indices": torch.from_numpy(self.test_indices),
+            "visual": self.visual.cpu(),
+            "text_ctx": self.text_ctx.cpu(),
+            "optimizer_state": self.optimizer_state,
+            "pseudo_labels": None if labels is None else vars(labels),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint; the data split must be the one the checkpoint was made with."""
+        for name in ("train_indices", "test_indices"):
+            if not np.array_equal(state[name].numpy(), getattr(self, name)):
+                raise CheckpointError(
+                    f"client {self.client_id}: its {name} differ from the checkpoint's; the dataset or its "
+                    "split changed since the run started (data.root contents, fractions, partition)"
+                )
+        device = self.visual.device
+        self.visual, self.text_ctx = state["visual"].to(device), state["text_ctx"].to(device)
+        self.optimizer_state = state["optimizer_state"]
+        labels = state["pseudo_labels"]
+        self.pseudo_labels = None if labels is None else PseudoLabels(**labels)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 from lightning import Fabric
 from torch import Tensor
 
-from fedur.config import Config
+from fedur.config import Config, result_settings
 from fedur.data.datasets import ImageDataset, ImageSplit, build_dataset
 from fedur.data.loaders import ClientImages, make_loader
 from fedur.data.partition import dirichlet_split, iid_split
@@ -21,10 +21,13 @@ from fedur.federated.placement import clients_on_rank
 from fedur.federated.streams import participants
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import FrozenCLIP, load_clip, zero_shot_weights
+from fedur.train import checkpoint
 from fedur.train.client import ClientState, train_client
 from fedur.train.evaluate import correct_and_total, predict
+from fedur.train.faults import Fault, parse_fault
 from fedur.train.module import PromptTuner
 from fedur.train.recorder import Recorder, accuracies, mean
+from fedur.train.preemption import StopRequest, requeue_slurm_job
 from fedur.train.refresh import Refresh, refresh_pseudo_labels
 
 INT64_BYTES, FLOAT32_BYTES = 8, 4
@@ -34,28 +37,40 @@ SHARED = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text
 
 @dataclass
 class FitResult:
-    summary: dict
+    summary: dict | None  # None when the run stopped early on a signal (it resumes from its checkpoint)
     tuner: PromptTuner  # the rank's module: frozen backbone + prompt slots
     clients: list[ClientState]  # this rank's clients, with their final prompts
     global_prompts: dict[str, Tensor]  # the last aggregate of each shared prompt ("visual", "text_ctx")
+    stopped_by: str | None = None  # the signal that stopped the run early
 
 
-def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResult:
+def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str, resume: checkpoint.Committed | None = None) -> FitResult:
     fed, method, optim = cfg.federation, cfg.fedur, cfg.optim
     num_clients = fed.num_clients
-    collectives, recorder = Collectives(fabric), Recorder(fabric, run_dir)
+    start_round = 0 if resume is None else resume.round_idx + 1
+    collectives = Collectives(fabric)
     dataset, clip, tuner, clients = setup(fabric, cfg)
+    if fabric.is_global_zero:  # only now: a run that fails while loading leaves no directory behind
+        run_dir.mkdir(parents=True, exist_ok=True)
+    collectives.barrier("run directory")
+    recorder = Recorder(fabric, run_dir, start_round=start_round)
     model, transform = tuner.model, clip.preprocess
     shared = {name: getattr(clients[0], name) for name in SHARED[method.share]}
     upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
     recorder.start(config_yaml, describe(fabric, cfg, dataset, clients))
 
     zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
-    recorder.record_zero_shot(evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text))
+    if resume is None:
+        recorder.record_zero_shot(evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text))
+        refresh, carried_optimizer = None, None  # carried: optim.optimizer_state=shared passes momentum client to client
+    else:
+        refresh, carried_optimizer = restore(resume, clients, shared, recorder)
+        tuner.class_weights = refresh.class_weights
+        fabric.print(f"resumed from {resume.folder} (round {start_round} of {fed.rounds} is next)")
 
-    carried_optimizer = None  # optim.optimizer_state=shared: momentum passed from client to client
+    stop, fault = StopRequest(), parse_fault(cfg.run.fault)
     start_time = time.perf_counter()
-    for round_idx in range(fed.rounds):
+    for round_idx in range(start_round, fed.rounds):
         round_start = time.perf_counter()
         refreshed = round_idx % fed.refresh_every == 0
         if refreshed:
@@ -70,11 +85,11 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResu
         joined = torch.from_numpy(participants(num_clients, fed.join_rate, cfg.run.seed, round_idx))
         weights = refresh.selected.sum(dim=1) * joined  # |D~_k| of the clients that train; 0 otherwise
         local_losses, carried_optimizer = train_clients(
-            fabric, tuner, clients, dataset.train, transform, round_idx, weights, carried_optimizer, cfg
+            fabric, tuner, clients, dataset.train, transform, round_idx, weights, carried_optimizer, cfg, fault
         )
         shared.update(aggregate(collectives, clients, shared, weights, num_clients))
         accuracy = evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg)
-        losses = collectives.gather_clients(local_losses, num_clients, like=torch.zeros(3))
+        losses = collectives.gather_clients(local_losses, num_clients, like=torch.zeros(3), what="local losses")
 
         uploads = (weights > 0) * upload_bytes + (2 * dataset.num_classes * INT64_BYTES if refreshed else 0)
         recorder.record_round(round_record(
@@ -82,13 +97,77 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResu
             lr=tuner.learning_rate((round_idx % fed.refresh_every) * fed.local_epochs),
             seconds=time.perf_counter() - round_start,
         ))
+        global_state = {
+            "shared": {name: t.cpu() for name, t in shared.items()}, "refresh": refresh.state_dict(),
+            "carried_optimizer": carried_optimizer, "zero_shot": recorder.zero_shot,
+        }
+        save_checkpoint(fabric, collectives, run_dir, round_idx, clients, global_state, cfg, fault)
+        if collectives.any(stop.received is not None, what="stop request") and round_idx + 1 < fed.rounds:
+            return stop_early(fabric, cfg, stop, tuner, clients, shared, round_idx)
 
+    stop.restore()
     recorder.save_prompts(shared, clients)
     summary = recorder.finish(
         asdict(cfg),
         {"num_clients": num_clients, "world_size": fabric.world_size, "wall_seconds": time.perf_counter() - start_time},
     )
     return FitResult(summary, tuner, clients, shared)
+
+
+def save_checkpoint(
+    fabric: Fabric,
+    collectives: Collectives,
+    run_dir: Path,
+    round_idx: int,
+    clients: list[ClientState],
+    global_state: dict,
+    cfg: Config,
+    fault: Fault | None,
+) -> None:
+    """Each rank writes its own clients; after a barrier rank 0 writes the shared state and commits."""
+    if fabric.is_global_zero:
+        checkpoint.clear_uncommitted(run_dir, round_idx)
+    collectives.barrier("checkpoint: prepare")
+    folder = checkpoint.round_folder(run_dir, round_idx)
+    folder.mkdir(parents=True, exist_ok=True)
+    for client in clients:
+        checkpoint.atomic_save(client.state_dict(), checkpoint.client_file(folder, client.client_id))
+    if fault is not None:
+        fault.trigger("commit", round_idx, fabric.global_rank)
+    collectives.barrier("checkpoint: clients written")
+    if fabric.is_global_zero:
+        marker = {
+            "num_clients": cfg.federation.num_clients, "world_size": fabric.world_size, "tensorboard": "tensorboard",
+            "settings": result_settings(asdict(cfg)),
+        }
+        checkpoint.commit(folder, round_idx, marker, global_state)
+        checkpoint.prune(run_dir, cfg.run.keep_checkpoints)
+
+
+def restore(
+    resume: checkpoint.Committed, clients: list[ClientState], shared: dict[str, Tensor], recorder: Recorder
+) -> tuple[Refresh, dict | None]:
+    """Load this rank's clients and the shared state of the committed round; returns (refresh, carried optimizer)."""
+    state = checkpoint.load(resume.folder / "global.pt")
+    for client in clients:
+        client.load_state_dict(checkpoint.load(checkpoint.client_file(resume.folder, client.client_id)))
+    shared.update(state["shared"])
+    recorder.zero_shot = state["zero_shot"]
+    return Refresh.from_state(state["refresh"]), state["carried_optimizer"]
+
+
+def stop_early(
+    fabric: Fabric, cfg: Config, stop: StopRequest, tuner: PromptTuner, clients: list[ClientState],
+    shared: dict[str, Tensor], round_idx: int,
+) -> FitResult:
+    received = stop.received or "a peer's stop signal"
+    fabric.print(f"stopped after round {round_idx + 1} of {cfg.federation.rounds} on {received}; the checkpoint is committed")
+    if fabric.is_global_zero:
+        outcome = requeue_slurm_job(tuple(cfg.run.requeue_on), received)
+        if outcome:
+            fabric.print(outcome)
+    stop.restore()
+    return FitResult(None, tuner, clients, shared, stopped_by=received)
 
 
 def setup(fabric: Fabric, cfg: Config) -> tuple[ImageDataset, FrozenCLIP, PromptTuner, list[ClientState]]:
@@ -123,6 +202,7 @@ def train_clients(
     weights: Tensor,
     carried_optimizer: dict | None,
     cfg: Config,
+    fault: Fault | None = None,
 ) -> tuple[dict[int, Tensor], dict | None]:
     """Local training of this rank's clients that take part (weight > 0), one after the other.
 
@@ -143,6 +223,8 @@ def train_clients(
         client.optimizer_state = result.optimizer_state if mode == "client" else None
         carried_optimizer = result.optimizer_state if mode == "shared" else None
         losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg])
+        if fault is not None and len(losses) == 1:
+            fault.trigger("train", round_idx, fabric.global_rank)
     return losses, carried_optimizer
 
 
@@ -193,7 +275,7 @@ def aggregate(
     averaged = {}
     for name, current in shared.items():
         uploads = {c.client_id: getattr(c, name) for c in clients if weights[c.client_id] > 0}
-        stacked = collectives.gather_clients(uploads, num_clients, like=current)  # (K, *prompt shape)
+        stacked = collectives.gather_clients(uploads, num_clients, like=current, what=f"{name} prompts")  # (K, *shape)
         average = weighted_average(stacked, weights)
         averaged[name] = current if average is None else average
         for client in clients:
@@ -236,7 +318,9 @@ def evaluate_clients(
         images = ClientImages(split, client.test_indices, transform, (labels,))
         loader = make_loader(images, cfg.optim.eval_batch_size, cfg.data.num_workers)
         counts[client.client_id] = correct_and_total(*predict(fabric, model, loader, zero_shot_text))
-    return collectives.gather_clients(counts, cfg.federation.num_clients, like=torch.zeros(2, dtype=torch.long))
+    return collectives.gather_clients(
+        counts, cfg.federation.num_clients, like=torch.zeros(2, dtype=torch.long), what="test accuracy counts"
+    )
 
 
 def describe(fabric: Fabric, cfg: Config, dataset: ImageDataset, clients: list[ClientState]) -> str:

@@ -27,12 +27,25 @@ def mean(values: list[float | None]) -> float | None:
 
 
 class Recorder:
-    def __init__(self, fabric: Fabric, run_dir: Path) -> None:
+    def __init__(self, fabric: Fabric, run_dir: Path, start_round: int = 0) -> None:
+        """`start_round` > 0 continues a resumed run: metrics.jsonl keeps its first `start_round` lines and
+        TensorBoard appends to the same event directory, dropping events of later steps."""
         self.fabric, self.run_dir = fabric, run_dir
         self.writer = fabric.is_global_zero
-        self.tensorboard = TensorBoardLogger(root_dir=str(run_dir), name="", version="tensorboard") if self.writer else None
         self.rounds: list[dict] = []
         self.zero_shot: dict = {}
+        self.tensorboard = None
+        if self.writer:
+            purge = {"purge_step": start_round + 1} if start_round > 0 else {}
+            self.tensorboard = TensorBoardLogger(root_dir=str(run_dir), name="", version="tensorboard", **purge)
+            if start_round > 0:
+                self.rounds = self._truncate_metrics(start_round)
+
+    def _truncate_metrics(self, rounds: int) -> list[dict]:
+        path = self.run_dir / "metrics.jsonl"
+        lines = path.read_text().splitlines()[:rounds] if path.exists() else []
+        path.write_text("".join(line + "\n" for line in lines))
+        return [json.loads(line) for line in lines]
 
     def start(self, config_yaml: str, description: str) -> None:
         if self.writer:

@@ -37,6 +37,13 @@ class Refresh:
     label_hits: Tensor  # (K, 2) selected samples whose pseudo-label is right, and selected samples (monitoring)
     class_weights: Tensor | None  # (C,) global weights of L_pos
 
+    def state_dict(self) -> dict:
+        return dict(vars(self))
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Refresh":
+        return cls(**state)
+
 
 def refresh_pseudo_labels(
     fabric: Fabric,
@@ -73,7 +80,7 @@ def refresh_pseudo_labels(
     if method.cooperative_selection:
         estimated = {k: estimated_counts(probs[k], kept[k]) for k in probs}
         all_estimated = collectives.gather_clients(  # the clients' only upload: C integers each
-            estimated, num_clients, like=torch.zeros(num_classes, dtype=torch.long)
+            estimated, num_clients, like=torch.zeros(num_classes, dtype=torch.long), what="pseudo-label histograms"
         )
         quotas = allocate(all_estimated, n_total, refresh_idx)
     local = {}
@@ -92,7 +99,9 @@ def refresh_pseudo_labels(
         local[client.client_id] = torch.cat(
             [torch.bincount(labels, minlength=num_classes), torch.tensor([hits, len(labels)])]
         )
-    gathered = collectives.gather_clients(local, num_clients, like=torch.zeros(num_classes + 2, dtype=torch.long))
+    gathered = collectives.gather_clients(
+        local, num_clients, like=torch.zeros(num_classes + 2, dtype=torch.long), what="selected counts"
+    )
     selected, label_hits = gathered[:, :num_classes], gathered[:, num_classes:]
     if not method.cooperative_selection:
         all_estimated = quotas = selected

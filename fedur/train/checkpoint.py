@@ -1,0 +1,151 @@
+"""Per-round checkpoints of the whole federated state, committed atomically.
+
+    <run_dir>/checkpoints/round_00003/client_000.pt ...   one file per client, written by the rank that hosts it
+                                      global.pt           what every rank shares (rank 0)
+                                      COMMITTED.json      written by rank 0 after a barrier, last
+
+A round directory without COMMITTED.json is an interrupted save and is ignored: resuming uses the
+newest committed round. Files are written to a temporary name and renamed, and load with
+`weights_only=True` (tensors, numbers, strings, lists and dicts only; nothing is unpickled as code).
+Client files do not depend on the placement of clients on ranks, so a run may resume on another
+number of ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+CHECKPOINTS = "checkpoints"
+MARKER = "COMMITTED.json"
+FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or unreadable; the message names the file and what to do."""
+
+
+@dataclass
+class Committed:
+    round_idx: int  # the last round the checkpoint contains
+    folder: Path
+    marker: dict  # COMMITTED.json: round, num_clients, settings (the result-affecting ones), tensorboard
+
+
+def round_folder(run_dir: Path, round_idx: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"round_{round_idx:05d}"
+
+
+def client_file(folder: Path, client_id: int) -> Path:
+    return folder / f"client_{client_id:03d}.pt"
+
+
+def atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def atomic_write_text(text: str, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def clear_uncommitted(run_dir: Path, round_idx: int) -> Path:
+    """Rank 0, before a save: remove what an interrupted save of this round left behind."""
+    folder = round_folder(run_dir, round_idx)
+    if folder.exists() and not (folder / MARKER).exists():
+        shutil.rmtree(folder)
+    return folder
+
+
+def commit(folder: Path, round_idx: int, marker: dict, global_state: dict) -> None:
+    """Rank 0, after every rank has written its clients: the shared state, then the marker."""
+    atomic_save(global_state, folder / "global.pt")
+    atomic_write_text(json.dumps({"format": FORMAT, "round": round_idx, **marker}, indent=1) + "\n", folder / MARKER)
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` committed rounds; drop older rounds, committed or not."""
+    committed = committed_rounds(run_dir)
+    if len(committed) <= keep:
+        return
+    oldest_kept = committed[-keep][0]
+    for folder in sorted((Path(run_dir) / CHECKPOINTS).glob("round_*")):
+        if _round_of(folder) is not None and _round_of(folder) < oldest_kept:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def committed_rounds(run_dir: Path) -> list[tuple[int, Path]]:
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    rounds = [(_round_of(f), f) for f in root.glob("round_*") if (f / MARKER).is_file()]
+    return sorted((r, f) for r, f in rounds if r is not None)
+
+
+def latest(run_dir: Path) -> Committed | None:
+    """The newest committed round of a run directory, its marker checked."""
+    rounds = committed_rounds(run_dir)
+    if not rounds:
+        return None
+    round_idx, folder = rounds[-1]
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{folder / MARKER} is unreadable ({err}); delete {folder} to resume from the round before") from err
+    if marker.get("format") != FORMAT or marker.get("round") != round_idx:
+        raise CheckpointError(f"{folder / MARKER} is not a fedur checkpoint marker of round {round_idx}")
+    return Committed(round_idx, folder, marker)
+
+
+def load(path: Path) -> dict:
+    """A checkpoint file, or a CheckpointError naming it."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing from a committed round; delete {path.parent} to resume from the round before")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for truncated or foreign files
+        raise CheckpointError(
+            f"checkpoint file {path} is corrupt ({type(err).__name__}: {err}); "
+            f"delete {path.parent} to resume from the round before"
+        ) from err
+
+
+def verify(committed: Committed, num_clients: int) -> None:
+    """Every file of the committed round loads (before any compute, on every rank)."""
+    load(committed.folder / "global.pt")
+    for client_id in range(num_clients):
+        load(client_file(committed.folder, client_id))
+
+
+def _round_of(folder: Path) -> int | None:
+    try:
+        return int(folder.name.removeprefix("round_"))
+    except ValueError:
+        return None
+
+
+def tensors_of(obj) -> dict[str, Tensor]:
+    """Flat {dotted name: tensor} of a nested checkpoint payload (for comparisons in tests and tools)."""
+    out: dict[str, Tensor] = {}
+
+    def walk(value, name: str) -> None:
+        if isinstance(value, Tensor):
+            out[name] = value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{name}.{key}" if name else str(key))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{name}.{i}")
+
+    walk(obj, "")
+    return out

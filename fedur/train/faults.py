@@ -1,0 +1,55 @@
+"""Test-only fault injection (`run.fault`): crash or hang one rank at a named point of a round, so the
+tests can show what a real failure there leaves behind.
+
+    run.fault = "<action>:<point>:<round>:<rank>"
+      action  kill (SIGKILL, no cleanup) | raise (an exception) | hang (sleep; peers must time out)
+      point   train  (after the rank's first client of the round has trained)
+              commit (after the rank wrote its client checkpoint files, before the commit marker)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+ACTIONS = ("kill", "raise", "hang")
+POINTS = ("train", "commit")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the `raise` action."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    point: str
+    round_idx: int
+    rank: int
+
+    @classmethod
+    def parse(cls, spec: str) -> "Fault":
+        parts = spec.split(":")
+        if len(parts) != 4 or parts[0] not in ACTIONS or parts[1] not in POINTS or not all(p.isdigit() for p in parts[2:]):
+            raise ValueError(
+                f"run.fault={spec!r}: expected <action>:<point>:<round>:<rank> with action in {ACTIONS} "
+                f"and point in {POINTS}, e.g. kill:train:1:1"
+            )
+        return cls(parts[0], parts[1], int(parts[2]), int(parts[3]))
+
+    def trigger(self, point: str, round_idx: int, rank: int) -> None:
+        if (point, round_idx, rank) != (self.point, self.round_idx, self.rank):
+            return
+        print(f"fedur: injected fault: {self.action} at {point} of round {round_idx} on rank {rank}", flush=True)
+        if self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.action == "raise":
+            raise InjectedFault(f"injected fault at {point} of round {round_idx} on rank {rank}")
+        while True:  # hang
+            time.sleep(60)
+
+
+def parse_fault(spec: str | None) -> Fault | None:
+    return None if spec is None else Fault.parse(spec)

@@ -1,0 +1,93 @@
+"""Collectives on a real 2-process gloo group: exact gathers, and errors (not hangs) when ranks disagree."""
+
+import datetime
+import socket
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fedur.federated.collectives import CollectiveError, Collectives
+
+
+class GlooComm:
+    """The part of Fabric that Collectives uses, over a plain torch.distributed group."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.global_rank, self.world_size = rank, world_size
+
+    def all_reduce(self, data, group=None, reduce_op="mean"):
+        assert reduce_op == "sum"
+        dist.all_reduce(data)
+        return data
+
+    def all_gather(self, data, group=None, sync_grads=False):
+        out = [torch.zeros_like(data) for _ in range(self.world_size)]
+        dist.all_gather(out, data)
+        return torch.stack(out)
+
+    def barrier(self, name=None):
+        dist.barrier()
+
+
+def scenario(rank: int, port: int, results) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=4))
+    collectives = Collectives(GlooComm(rank, 2))
+    outcome = {}
+    try:
+        # clients 0, 1 on rank 0 and 2 on rank 1: every rank receives every row, exactly
+        mine = {0: torch.tensor([1.0, 2.0]), 1: torch.tensor([3.0, 4.0])} if rank == 0 else {2: torch.tensor([5.0, 6.0])}
+        outcome["rows"] = collectives.gather_clients(mine, 3, like=torch.zeros(2), what="values").tolist()
+        outcome["any"] = collectives.any(rank == 1, what="flag")
+        try:  # rank 1 sends another shape
+            collectives.gather_clients({}, 3, like=torch.zeros(2 + rank), what="prompts")
+        except CollectiveError as err:
+            outcome["shape"] = str(err)
+        try:  # rank 1 calls a different collective
+            collectives.gather_clients({}, 3, like=torch.zeros(2), what="accuracy" if rank == 0 else "losses")
+        except CollectiveError as err:
+            outcome["what"] = str(err)
+        if rank == 0:  # rank 1 never calls: a missing participant
+            try:
+                collectives.gather_clients({}, 3, like=torch.zeros(2), what="histograms")
+            except CollectiveError as err:
+                outcome["missing"] = str(err)
+    except Exception:
+        outcome["crash"] = traceback.format_exc()
+    results[rank] = outcome
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(scenario, args=(port, results), nprocs=2, join=True)
+    return dict(results)
+
+
+def test_gather_is_exact_and_in_client_order(outcomes):
+    for rank in (0, 1):
+        assert "crash" not in outcomes[rank], outcomes[rank].get("crash")
+        assert outcomes[rank]["rows"] == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+        assert outcomes[rank]["any"] is True
+
+
+def test_a_shape_mismatch_raises_on_every_rank(outcomes):
+    for rank in (0, 1):
+        assert "ranks disagree" in outcomes[rank]["shape"] and "shape (3, 2)" in outcomes[rank]["shape"]
+        assert "shape (3, 3)" in outcomes[rank]["shape"]
+
+
+def test_different_collectives_raise_on_every_rank(outcomes):
+    assert "this rank: accuracy" in outcomes[0]["what"] and "this rank: losses" in outcomes[1]["what"]
+
+
+def test_a_missing_participant_raises_after_the_timeout(outcomes):
+    assert "histograms failed on rank 0: a peer died or did not answer" in outcomes[0]["missing"]
