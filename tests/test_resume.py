@@ -76,8 +76,18 @@ def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def scalar_curve(run_dir: Path, tag: str = "accuracy/mean") -> list[tuple[int, float]]:
+    """(step, value) of a TensorBoard scalar as TensorBoard shows it (purged steps dropped)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert metrics(run_dir) == metrics(reference)
+    assert scalar_curve(run_dir) == scalar_curve(reference)  # the same TensorBoard run, continued
     got, want = final_state(run_dir), final_state(reference)
     assert got.keys() == want.keys()
     different = [name for name in want if not torch.equal(got[name], want[name])]

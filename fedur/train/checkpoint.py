@@ -18,9 +18,17 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from lightning import Fabric
+
+    from fedur.federated.collectives import Collectives
+    from fedur.train.client import ClientState
+    from fedur.train.faults import Fault
 
 CHECKPOINTS = "checkpoints"
 MARKER = "COMMITTED.json"
@@ -124,6 +132,40 @@ def verify(committed: Committed, num_clients: int) -> None:
     load(committed.folder / "global.pt")
     for client_id in range(num_clients):
         load(client_file(committed.folder, client_id))
+
+
+def save_round(
+    fabric: "Fabric",
+    collectives: "Collectives",
+    run_dir: Path,
+    round_idx: int,
+    clients: "list[ClientState]",
+    global_state: dict,
+    keep: int,
+    fault: "Fault | None",
+    marker: dict,
+) -> None:
+    """Each rank writes its own clients; after a barrier rank 0 writes the shared state, commits, prunes."""
+    if fabric.is_global_zero:
+        clear_uncommitted(run_dir, round_idx)
+    collectives.barrier("checkpoint: prepare")
+    folder = round_folder(run_dir, round_idx)
+    folder.mkdir(parents=True, exist_ok=True)
+    for client in clients:
+        atomic_save(client.state_dict(), client_file(folder, client.client_id))
+    if fault is not None:
+        fault.trigger("commit", round_idx, fabric.global_rank)
+    collectives.barrier("checkpoint: clients written")
+    if fabric.is_global_zero:
+        commit(folder, round_idx, {**marker, "tensorboard": "tensorboard"}, global_state)
+        prune(run_dir, keep)
+
+
+def restore(committed: Committed, clients: "list[ClientState]") -> dict:
+    """Load this rank's clients from the committed round; returns the shared state (global.pt)."""
+    for client in clients:
+        client.load_state_dict(load(client_file(committed.folder, client.client_id)))
+    return load(committed.folder / "global.pt")
 
 
 def _round_of(folder: Path) -> int | None:

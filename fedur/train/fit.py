@@ -64,7 +64,10 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str, resume: ch
         recorder.record_zero_shot(evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text))
         refresh, carried_optimizer = None, None  # carried: optim.optimizer_state=shared passes momentum client to client
     else:
-        refresh, carried_optimizer = restore(resume, clients, shared, recorder)
+        state = checkpoint.restore(resume, clients)
+        shared.update(state["shared"])
+        recorder.zero_shot = state["zero_shot"]
+        refresh, carried_optimizer = Refresh.from_state(state["refresh"]), state["carried_optimizer"]
         tuner.class_weights = refresh.class_weights
         fabric.print(f"resumed from {resume.folder} (round {start_round} of {fed.rounds} is next)")
 
@@ -101,7 +104,10 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str, resume: ch
             "shared": {name: t.cpu() for name, t in shared.items()}, "refresh": refresh.state_dict(),
             "carried_optimizer": carried_optimizer, "zero_shot": recorder.zero_shot,
         }
-        save_checkpoint(fabric, collectives, run_dir, round_idx, clients, global_state, cfg, fault)
+        checkpoint.save_round(
+            fabric, collectives, run_dir, round_idx, clients, global_state, cfg.run.keep_checkpoints, fault,
+            marker={"num_clients": num_clients, "world_size": fabric.world_size, "settings": result_settings(asdict(cfg))},
+        )
         if collectives.any(stop.received is not None, what="stop request") and round_idx + 1 < fed.rounds:
             return stop_early(fabric, cfg, stop, tuner, clients, shared, round_idx)
 
@@ -112,48 +118,6 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str, resume: ch
         {"num_clients": num_clients, "world_size": fabric.world_size, "wall_seconds": time.perf_counter() - start_time},
     )
     return FitResult(summary, tuner, clients, shared)
-
-
-def save_checkpoint(
-    fabric: Fabric,
-    collectives: Collectives,
-    run_dir: Path,
-    round_idx: int,
-    clients: list[ClientState],
-    global_state: dict,
-    cfg: Config,
-    fault: Fault | None,
-) -> None:
-    """Each rank writes its own clients; after a barrier rank 0 writes the shared state and commits."""
-    if fabric.is_global_zero:
-        checkpoint.clear_uncommitted(run_dir, round_idx)
-    collectives.barrier("checkpoint: prepare")
-    folder = checkpoint.round_folder(run_dir, round_idx)
-    folder.mkdir(parents=True, exist_ok=True)
-    for client in clients:
-        checkpoint.atomic_save(client.state_dict(), checkpoint.client_file(folder, client.client_id))
-    if fault is not None:
-        fault.trigger("commit", round_idx, fabric.global_rank)
-    collectives.barrier("checkpoint: clients written")
-    if fabric.is_global_zero:
-        marker = {
-            "num_clients": cfg.federation.num_clients, "world_size": fabric.world_size, "tensorboard": "tensorboard",
-            "settings": result_settings(asdict(cfg)),
-        }
-        checkpoint.commit(folder, round_idx, marker, global_state)
-        checkpoint.prune(run_dir, cfg.run.keep_checkpoints)
-
-
-def restore(
-    resume: checkpoint.Committed, clients: list[ClientState], shared: dict[str, Tensor], recorder: Recorder
-) -> tuple[Refresh, dict | None]:
-    """Load this rank's clients and the shared state of the committed round; returns (refresh, carried optimizer)."""
-    state = checkpoint.load(resume.folder / "global.pt")
-    for client in clients:
-        client.load_state_dict(checkpoint.load(checkpoint.client_file(resume.folder, client.client_id)))
-    shared.update(state["shared"])
-    recorder.zero_shot = state["zero_shot"]
-    return Refresh.from_state(state["refresh"]), state["carried_optimizer"]
 
 
 def stop_early(
