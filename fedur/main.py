@@ -33,6 +33,7 @@ from fedur.model.clip import ModelUnavailableError, check_model
 from fedur.train import checkpoint
 from fedur.train.checkpoint import CheckpointError
 from fedur.train.faults import parse_fault
+from fedur.train.preemption import StopRequest
 
 SUPPORTED_PRECISION = ("32-true", "32", "bf16-mixed", "bf16")
 
@@ -257,7 +258,8 @@ def run(cfg: Config, config_yaml: str):
         raise ConfigError("optim.optimizer_state=shared passes momentum from client to client and needs one rank")
     set_threads(fabric, cfg.run.threads)
     run_dir = prepare_run_dir(fabric, cfg.run.output_dir, resuming=resume is not None)
-    return fit(fabric, cfg, run_dir, config_yaml, resume)
+    with StopRequest() as stop:  # SIGUSR1/SIGTERM: stop after the next committed round
+        return fit(fabric, cfg, run_dir, config_yaml, resume, stop)
 
 
 def main(argv: list[str] | None = None) -> None:

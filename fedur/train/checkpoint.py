@@ -13,6 +13,7 @@ number of ranks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -77,7 +78,9 @@ def clear_uncommitted(run_dir: Path, round_idx: int) -> Path:
 def commit(folder: Path, round_idx: int, marker: dict, global_state: dict) -> None:
     """Rank 0, after every rank has written its clients: the shared state, then the marker."""
     atomic_save(global_state, folder / "global.pt")
-    atomic_write_text(json.dumps({"format": FORMAT, "round": round_idx, **marker}, indent=1) + "\n", folder / MARKER)
+    settings_hash = hashlib.sha256(json.dumps(marker.get("settings"), sort_keys=True).encode()).hexdigest()
+    content = {"format": FORMAT, "round": round_idx, **marker, "settings_sha256": settings_hash}
+    atomic_write_text(json.dumps(content, indent=1) + "\n", folder / MARKER)
 
 
 def prune(run_dir: Path, keep: int) -> None:

@@ -44,7 +44,15 @@ class FitResult:
     stopped_by: str | None = None  # the signal that stopped the run early
 
 
-def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str, resume: checkpoint.Committed | None = None) -> FitResult:
+def fit(
+    fabric: Fabric,
+    cfg: Config,
+    run_dir: Path,
+    config_yaml: str,
+    resume: checkpoint.Committed | None = None,
+    stop: StopRequest | None = None,
+) -> FitResult:
+    """Run (or continue, from `resume`) the federated rounds; `stop` ends the run after a round's commit."""
     fed, method, optim = cfg.federation, cfg.fedur, cfg.optim
     num_clients = fed.num_clients
     start_round = 0 if resume is None else resume.round_idx + 1
@@ -71,7 +79,7 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str, resume: ch
         tuner.class_weights = refresh.class_weights
         fabric.print(f"resumed from {resume.folder} (round {start_round} of {fed.rounds} is next)")
 
-    stop, fault = StopRequest(), parse_fault(cfg.run.fault)
+    fault = parse_fault(cfg.run.fault)
     start_time = time.perf_counter()
     for round_idx in range(start_round, fed.rounds):
         round_start = time.perf_counter()
@@ -108,10 +116,10 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str, resume: ch
             fabric, collectives, run_dir, round_idx, clients, global_state, cfg.run.keep_checkpoints, fault,
             marker={"num_clients": num_clients, "world_size": fabric.world_size, "settings": result_settings(asdict(cfg))},
         )
-        if collectives.any(stop.received is not None, what="stop request") and round_idx + 1 < fed.rounds:
+        stop_requested = stop is not None and stop.received is not None
+        if collectives.any(stop_requested, what="stop request") and round_idx + 1 < fed.rounds:
             return stop_early(fabric, cfg, stop, tuner, clients, shared, round_idx)
 
-    stop.restore()
     recorder.save_prompts(shared, clients)
     summary = recorder.finish(
         asdict(cfg),
@@ -124,13 +132,12 @@ def stop_early(
     fabric: Fabric, cfg: Config, stop: StopRequest, tuner: PromptTuner, clients: list[ClientState],
     shared: dict[str, Tensor], round_idx: int,
 ) -> FitResult:
-    received = stop.received or "a peer's stop signal"
+    received = stop.received or "a peer's stop request"
     fabric.print(f"stopped after round {round_idx + 1} of {cfg.federation.rounds} on {received}; the checkpoint is committed")
     if fabric.is_global_zero:
         outcome = requeue_slurm_job(tuple(cfg.run.requeue_on), received)
         if outcome:
             fabric.print(outcome)
-    stop.restore()
     return FitResult(None, tuner, clients, shared, stopped_by=received)
 
 

@@ -30,6 +30,12 @@ class StopRequest:
         for name, handler in self._previous.items():
             signal.signal(SIGNALS[name], handler)
 
+    def __enter__(self) -> "StopRequest":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
 
 def requeue_slurm_job(requeue_on: tuple[str, ...], received: str) -> str | None:
     """`scontrol requeue $SLURM_JOB_ID` when the signal asks for it and the run is a SLURM job.
