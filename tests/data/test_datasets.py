@@ -32,7 +32,7 @@ def test_classnames_file(tmp_path):
     names.write_text("red_panda\nkoala\n")
     assert load_imagefolder(str(root), str(names)).classnames == ["red panda", "koala"]
     names.write_text("only one\n")
-    with pytest.raises(DataUnavailableError, match="has 1 names but there are 2 class folders"):
+    with pytest.raises(DataUnavailableError, match="has 1 names but there are 2 classes"):
         load_imagefolder(str(root), str(names))
 
 
