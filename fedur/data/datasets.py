@@ -1,21 +1,29 @@
 """Datasets by name: class names, prompt template, and the train/test images with their labels.
 
 Labels are held back from training: only the data split (simulation) and the monitoring of
-pseudo-label accuracy read them. The paper's benchmarks live in `benchmarks.py` (DTD, RESISC45, CUB,
-UCF101) and `domains.py` (DomainNet, OfficeHome); this module dispatches by name and holds CIFAR, your
-own image folders and the generated smoke-test images.
+pseudo-label accuracy read them. The paper's datasets live in `cifar.py`, `benchmarks.py` (DTD,
+RESISC45, CUB, UCF101) and `domains.py` (DomainNet, OfficeHome); this module dispatches by name and
+holds your own image folders and the generated smoke-test images.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
 
-from fedur.data.benchmarks import check_cub, check_dtd, check_resisc45, check_ucf101, load_cub, load_dtd, load_resisc45
-from fedur.data.benchmarks import load_ucf101
+from fedur.data.benchmarks import (
+    check_cub,
+    check_dtd,
+    check_resisc45,
+    check_ucf101,
+    load_cub,
+    load_dtd,
+    load_resisc45,
+    load_ucf101,
+)
+from fedur.data.cifar import check_cifar, load_cifar
 from fedur.data.domains import check_domainnet, check_officehome, load_domainnet, load_officehome
 from fedur.data.images import (  # re-exported: the rest of fedur imports the types from here
     IMAGE_SUFFIXES,
@@ -26,7 +34,6 @@ from fedur.data.images import (  # re-exported: the rest of fedur imports the ty
     image_files,
     read_lines,
 )
-from fedur.network import reachable
 
 __all__ = [
     "IMAGE_SUFFIXES", "DataUnavailableError", "ImageDataset", "ImageSplit", "build_dataset", "check_available",
@@ -34,10 +41,6 @@ __all__ = [
 ]
 
 DEFAULT_TEMPLATE = "a photo of a {}."
-CIFAR_HOST = "www.cs.toronto.edu"
-CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
-CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 SYNTHETIC_CLASSES = ["circle", "square", "triangle", "star", "cross", "ring", "arrow", "heart", "moon", "wave"]
 DATASETS = (
     "imagefolder", "cifar10", "cifar100", "dtd", "resisc45", "cub", "ucf101", "domainnet", "officehome", "synthetic",
@@ -124,7 +127,7 @@ def check_available(name: str, root: str | None, download: bool, *, domains: lis
                     f"with images; {root}/{split} is missing ({found(path / split)})."
                 )
     elif name in ("cifar10", "cifar100"):
-        _check_cifar(name, path, download)
+        check_cifar(name, path, download)
     elif name == "domainnet":
         check_domainnet(path, domains)
     elif name == "officehome":
@@ -187,62 +190,6 @@ def read_classnames(path: str, current: list[str]) -> list[str]:
             f"({', '.join(current[:5])}{', ...' if len(current) > 5 else ''}); give one name per class, in label order"
         )
     return [n.replace("_", " ") for n in names]
-
-
-def _cifar_spec(name: str):
-    from torchvision.datasets import CIFAR10, CIFAR100
-
-    return {"cifar10": (CIFAR10, CIFAR10_URL, "CIFAR-10"), "cifar100": (CIFAR100, CIFAR100_URL, "CIFAR-100")}[name]
-
-
-def _check_cifar(name: str, root: Path, download: bool) -> None:
-    source, url, title = _cifar_spec(name)
-    if (root / source.base_folder).is_dir():
-        return
-    if not download or not reachable(CIFAR_HOST):
-        reason = "data.download is false" if not download else f"{CIFAR_HOST} is unreachable (offline?)"
-        raise DataUnavailableError(
-            f"{title} is not under data.root={root} and {reason}.\n"
-            f"  Download {url} and extract it into {root} (so that {root}/{source.base_folder}/ "
-            "exists),\n  or use data.name=imagefolder with data.root pointing at train/<class>/ and "
-            "test/<class>/ image folders."
-        )
-
-
-def load_cifar(name: str, root: str, download: bool) -> ImageDataset:
-    """torchvision's CIFAR-10/100 python archive under root/cifar-10-batches-py or root/cifar-100-python
-    (downloaded when missing and allowed). The pickles are read here rather than through torchvision's
-    class, so that small copies in the same format load (its md5 check would refuse them). Class names
-    from the archive's meta file, '_' read as a space (CIFAR-100: 'aquarium fish')."""
-    from torchvision.datasets.utils import download_and_extract_archive
-
-    source, url, _ = _cifar_spec(name)
-    base = Path(root) / source.base_folder
-    _check_cifar(name, Path(root), download)
-    if not base.is_dir():
-        download_and_extract_archive(url, root, filename=source.filename, md5=source.tgz_md5)
-    meta = _unpickle(base / source.meta["filename"])
-    names = [str(n).replace("_", " ") for n in meta[source.meta["key"]]]
-    splits = {}
-    for split, files in (("train", source.train_list), ("test", source.test_list)):
-        images, labels = [], []
-        for file_name, _ in files:
-            entry = _unpickle(base / file_name)
-            images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-            labels += list(entry["labels"] if "labels" in entry else entry["fine_labels"])
-        arrays = np.ascontiguousarray(np.concatenate(images).transpose(0, 2, 3, 1))  # (N, 32, 32, 3)
-        splits[split] = ImageSplit(np.asarray(labels, dtype=np.int64), arrays=arrays)
-    return ImageDataset(name, names, DEFAULT_TEMPLATE, splits["train"], splits["test"])
-
-
-def _unpickle(path: Path) -> dict:
-    if not path.is_file():
-        raise DataUnavailableError(f"expected the CIFAR file {path.name} at {path}; {found(path)}")
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f, encoding="latin1")
-    except (pickle.UnpicklingError, EOFError, ValueError) as err:
-        raise DataUnavailableError(f"{path} is not a CIFAR python pickle ({err}); download the archive again") from err
 
 
 def make_synthetic(num_classes: int, train_per_class: int, test_per_class: int, size: int, seed: int) -> ImageDataset:

@@ -7,6 +7,7 @@ on that choice, so a class has the same label whichever domains are loaded.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +109,7 @@ def load_domainnet(root: Path, domains: list[str] | None = None, num_classes: in
     for split in ("train", "test"):
         paths, labels, domain_ids = [], [], []
         for d, domain in enumerate(chosen):
-            kept = [(str(root / path), label_of[c]) for path, c, _ in listed[domain, split] if c in label_of]
+            kept = [(os.path.join(root, path), label_of[c]) for path, c, _ in listed[domain, split] if c in label_of]
             check_images_exist([p for p, _ in kept], str(root / f"{domain}_{split}.txt"))
             paths += [p for p, _ in kept]
             labels += [label for _, label in kept]
@@ -164,6 +165,7 @@ def load_officehome(
     names = [name.replace("_", " ").lower() for name in reference]
     labels_arr, domains_arr = np.asarray(labels, dtype=np.int64), np.asarray(domain_ids, dtype=np.int64)
     test = stratified_holdout(domains_arr * len(names) + labels_arr, holdout_fraction, holdout_seed)
+    check_every_class(labels_arr[test], names, f"the held-out test split of {root}")
     everything = path_split(paths, labels, domain_ids)
     return ImageDataset(
         "officehome", names, DOMAIN_TEMPLATE, everything.subset(np.flatnonzero(~test)),

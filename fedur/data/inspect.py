@@ -32,7 +32,7 @@ def dataset_report(dataset: ImageDataset) -> str:
         return counts[split].sum(axis=0) if d is None else counts[split][d]
 
     columns = [(group, split, cells(split, d)) for group, d in groups for split in SPLITS]
-    width = max(7, *(len(f"{c.sum():,}") + 1 for _, _, c in columns), *(len(g) // 2 + 1 for g, _ in groups))
+    width = max(8, *(len(f"{c.sum():,}") + 1 for _, _, c in columns), *(len(g) // 2 + 1 for g, _ in groups))
     label_width = max(12, *(len(n) for n in dataset.classnames)) + 8
     top = " " * label_width + "".join(f"{group:^{2 * width}}" for group, _ in groups)
     sub = f"{'label  class':<{label_width}}" + "".join(f"{split:>{width}}" for _, split, _ in columns)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fedur.data.cifar import CIFAR
 from fedur.data.datasets import DataUnavailableError, build_dataset, check_available
 from fedur.data.domains import DOMAINNET_DOMAINS, DOMAINNET_FEDBN_CLASSES, stratified_holdout
 from fedur.data.inspect import dataset_report
@@ -328,7 +329,7 @@ def test_officehome_domains_must_share_classes(tmp_path):
 
 
 def test_missing_cifar100_offline_says_what_to_download(tmp_path, monkeypatch):
-    monkeypatch.setattr("fedur.data.datasets.reachable", lambda host: False)
+    monkeypatch.setattr("fedur.data.cifar.reachable", lambda host: False)
     with pytest.raises(DataUnavailableError, match="cifar-100-python.tar.gz") as err:
         check_available("cifar100", str(tmp_path), download=True)
     assert f"{tmp_path}/cifar-100-python/" in str(err.value)
@@ -347,3 +348,13 @@ def test_report_counts_per_domain_and_totals(tmp_path):
     assert report.splitlines()[-1].split() == ["total", "20", "10", "20", "10", "40", "20"]
     ds.test = ds.test.subset(np.flatnonzero(ds.test.labels != 3))
     assert "no images in test of real for 1 classes: headphones" in dataset_report(ds)
+
+
+def test_cifar_archives_match_torchvision():
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    for archive, source in ((CIFAR["cifar10"], CIFAR10), (CIFAR["cifar100"], CIFAR100)):
+        assert (archive.url, archive.tgz_md5, archive.folder) == (source.url, source.tgz_md5, source.base_folder)
+        assert (archive.meta_file, archive.names_key) == (source.meta["filename"], source.meta["key"])
+        assert list(archive.train_files) == [f for f, _ in source.train_list]
+        assert list(archive.test_files) == [f for f, _ in source.test_list]
