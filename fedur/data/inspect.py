@@ -26,7 +26,7 @@ def dataset_report(dataset: ImageDataset) -> str:
     domain_names = dataset.domain_names or []
     num_domains = max(1, len(domain_names))
     counts = {s: count_table(getattr(dataset, s), dataset.num_classes, num_domains) for s in SPLITS}
-    groups = ([(name, d) for d, name in enumerate(domain_names)] if domain_names else []) + [("total", None)]
+    groups = [(name, d) for d, name in enumerate(domain_names)] + [("total", None)]
 
     def cells(split: str, d: int | None) -> np.ndarray:  # (num_classes,)
         return counts[split].sum(axis=0) if d is None else counts[split][d]
