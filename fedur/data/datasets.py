@@ -1,69 +1,51 @@
 """Datasets by name: class names, prompt template, and the train/test images with their labels.
 
 Labels are held back from training: only the data split (simulation) and the monitoring of
-pseudo-label accuracy read them.
+pseudo-label accuracy read them. The paper's datasets live in `cifar.py`, `benchmarks.py` (DTD,
+RESISC45, CUB, UCF101) and `domains.py` (DomainNet, OfficeHome); this module dispatches by name and
+holds your own image folders and the generated smoke-test images.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from fedur.network import reachable
+from fedur.data.benchmarks import (
+    check_cub,
+    check_dtd,
+    check_resisc45,
+    check_ucf101,
+    load_cub,
+    load_dtd,
+    load_resisc45,
+    load_ucf101,
+)
+from fedur.data.cifar import check_cifar, load_cifar
+from fedur.data.domains import check_domainnet, check_officehome, load_domainnet, load_officehome
+from fedur.data.images import (  # re-exported: the rest of fedur imports the types from here
+    IMAGE_SUFFIXES,
+    DataUnavailableError,
+    ImageDataset,
+    ImageSplit,
+    found,
+    image_files,
+    read_lines,
+)
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
+__all__ = [
+    "IMAGE_SUFFIXES", "DataUnavailableError", "ImageDataset", "ImageSplit", "build_dataset", "check_available",
+    "load_imagefolder", "load_cifar", "make_synthetic", "stratified_subset", "DATASETS",
+]
+
 DEFAULT_TEMPLATE = "a photo of a {}."
-CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 SYNTHETIC_CLASSES = ["circle", "square", "triangle", "star", "cross", "ring", "arrow", "heart", "moon", "wave"]
-
-
-class DataUnavailableError(RuntimeError):
-    """The dataset cannot be loaded as configured; the message names the path and what was expected."""
-
-
-@dataclass
-class ImageSplit:
-    """One split: labels (N,) and either file paths or decoded uint8 arrays (N, H, W, 3)."""
-
-    labels: np.ndarray
-    paths: list[str] | None = None
-    arrays: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def load(self, index: int) -> Image.Image:
-        if self.arrays is not None:
-            return Image.fromarray(self.arrays[index])
-        path = self.paths[index]
-        try:
-            with Image.open(path) as image:
-                return image.convert("RGB")
-        except OSError as err:
-            raise DataUnavailableError(f"cannot read image {path}: {err}") from err
-
-    def subset(self, indices: np.ndarray) -> "ImageSplit":
-        paths = [self.paths[i] for i in indices] if self.paths is not None else None
-        arrays = self.arrays[indices] if self.arrays is not None else None
-        return ImageSplit(self.labels[indices], paths, arrays)
-
-
-@dataclass
-class ImageDataset:
-    name: str
-    classnames: list[str]
-    template: str
-    train: ImageSplit
-    test: ImageSplit
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classnames)
+DATASETS = (
+    "imagefolder", "cifar10", "cifar100", "dtd", "resisc45", "cub", "ucf101", "domainnet", "officehome", "synthetic",
+)
+MULTI_DOMAIN = ("domainnet", "officehome")
 
 
 def build_dataset(
@@ -79,48 +61,84 @@ def build_dataset(
     synthetic_train_per_class: int = 60,
     synthetic_test_per_class: int = 20,
     synthetic_image_size: int = 32,
+    *,
+    domains: list[str] | None = None,
+    domainnet_classes: int = 10,
+    holdout_fraction: float = 0.2,
+    holdout_seed: int = 0,
+    ucf101_include_val: bool = False,
 ) -> ImageDataset:
-    if name == "imagefolder":
-        dataset = load_imagefolder(_require_root(name, root), classnames_file)
-    elif name == "cifar10":
-        dataset = load_cifar10(_require_root(name, root), download)
-    elif name == "synthetic":
+    """Load `name` from `root`, checking its layout; then override class names / template when given, and
+    keep a stratified `train_fraction` / `test_fraction` (per class, and per domain when there are domains)."""
+    _check_domains_apply(name, domains)
+    if name == "synthetic":
         dataset = make_synthetic(
             synthetic_classes, synthetic_train_per_class, synthetic_test_per_class, synthetic_image_size, seed
         )
     else:
-        raise DataUnavailableError(f"unknown data.name={name!r}; use imagefolder, cifar10 or synthetic")
+        path = Path(_require_root(name, root))
+        if name == "imagefolder":
+            dataset = load_imagefolder(str(path), classnames_file)
+        elif name in ("cifar10", "cifar100"):
+            dataset = load_cifar(name, str(path), download)
+        elif name == "dtd":
+            dataset = load_dtd(path)
+        elif name == "resisc45":
+            dataset = load_resisc45(path)
+        elif name == "cub":
+            dataset = load_cub(path)
+        elif name == "ucf101":
+            dataset = load_ucf101(path, ucf101_include_val)
+        elif name == "domainnet":
+            dataset = load_domainnet(path, domains, domainnet_classes)
+        elif name == "officehome":
+            dataset = load_officehome(path, domains, holdout_fraction, holdout_seed)
+        else:
+            raise DataUnavailableError(f"unknown data.name={name!r}; use one of {', '.join(DATASETS)}")
+    if classnames_file is not None and name != "imagefolder":
+        dataset.classnames = read_classnames(classnames_file, dataset.classnames)
     if template is not None:
         if template.count("{}") != 1:
             raise DataUnavailableError(f"data.template={template!r} must contain exactly one '{{}}'")
         dataset.template = template
     rng = np.random.RandomState(seed)
-    dataset.train = dataset.train.subset(stratified_subset(dataset.train.labels, train_fraction, rng))
-    dataset.test = dataset.test.subset(stratified_subset(dataset.test.labels, test_fraction, rng))
+    for split in ("train", "test"):
+        part: ImageSplit = getattr(dataset, split)
+        strata = part.labels if part.domains is None else part.domains * dataset.num_classes + part.labels
+        fraction = train_fraction if split == "train" else test_fraction
+        setattr(dataset, split, part.subset(stratified_subset(strata, fraction, rng)))
     return dataset
 
 
-def check_available(name: str, root: str | None, download: bool) -> None:
-    """Fail before any compute when the data cannot be had (no network, wrong path)."""
+def check_available(name: str, root: str | None, download: bool, *, domains: list[str] | None = None) -> None:
+    """Fail before any compute when the data cannot be had (no network, wrong path, unknown domain). Looks
+    only for the files a layout needs; `build_dataset` reads and checks their content."""
+    _check_domains_apply(name, domains)
     if name == "synthetic":
         return
-    root = _require_root(name, root)
+    if name not in DATASETS:
+        raise DataUnavailableError(f"unknown data.name={name!r}; use one of {', '.join(DATASETS)}")
+    path = Path(_require_root(name, root))
     if name == "imagefolder":
         for split in ("train", "test"):
-            if not (Path(root) / split).is_dir():
+            if not (path / split).is_dir():
                 raise DataUnavailableError(
                     f"data.root={root}: expected folders {root}/train/<class>/ and {root}/test/<class>/ "
-                    f"with images; {root}/{split} is missing."
+                    f"with images; {root}/{split} is missing ({found(path / split)})."
                 )
-    elif name == "cifar10" and not (Path(root) / "cifar-10-batches-py").is_dir():
-        if not download or not reachable("www.cs.toronto.edu"):
-            reason = "data.download is false" if not download else "www.cs.toronto.edu is unreachable (offline?)"
-            raise DataUnavailableError(
-                f"CIFAR-10 is not under data.root={root} and {reason}.\n"
-                f"  Download {CIFAR10_URL} and extract it into {root} (so that {root}/cifar-10-batches-py/ "
-                "exists),\n  or use data.name=imagefolder with data.root pointing at train/<class>/ and "
-                "test/<class>/ image folders."
-            )
+    elif name in ("cifar10", "cifar100"):
+        check_cifar(name, path, download)
+    elif name == "domainnet":
+        check_domainnet(path, domains)
+    elif name == "officehome":
+        check_officehome(path, domains)
+    else:
+        {"dtd": check_dtd, "resisc45": check_resisc45, "cub": check_cub, "ucf101": check_ucf101}[name](path)
+
+
+def _check_domains_apply(name: str, domains: list[str] | None) -> None:
+    if domains is not None and name not in MULTI_DOMAIN:
+        raise DataUnavailableError(f"data.domains is for {' and '.join(MULTI_DOMAIN)}; data.name={name} has no domains")
 
 
 def _require_root(name: str, root: str | None) -> str:
@@ -147,9 +165,7 @@ def load_imagefolder(root: str, classnames_file: str | None = None) -> ImageData
     for split in ("train", "test"):
         paths, labels = [], []
         for label, folder in enumerate(classes):
-            files = sorted(
-                str(p) for p in (Path(root) / split / folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES
-            )
+            files = image_files(Path(root) / split / folder)
             if not files:
                 raise DataUnavailableError(
                     f"{root}/{split}/{folder} has no images (looked for {', '.join(IMAGE_SUFFIXES)})"
@@ -159,31 +175,21 @@ def load_imagefolder(root: str, classnames_file: str | None = None) -> ImageData
         splits[split] = ImageSplit(np.asarray(labels, dtype=np.int64), paths=paths)
     classnames = [c.replace("_", " ") for c in classes]
     if classnames_file is not None:
-        classnames = read_classnames(classnames_file, expected=len(classes), folders=classes)
+        classnames = read_classnames(classnames_file, classnames)
     return ImageDataset("imagefolder", classnames, DEFAULT_TEMPLATE, splits["train"], splits["test"])
 
 
-def read_classnames(path: str, expected: int, folders: list[str]) -> list[str]:
+def read_classnames(path: str, current: list[str]) -> list[str]:
+    """One name per line replacing `current`, in label order (sorted folder order for imagefolder)."""
     if not Path(path).is_file():
         raise DataUnavailableError(f"data.classnames_file={path} does not exist")
-    names = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
-    if len(names) != expected:
+    names = read_lines(Path(path))
+    if len(names) != len(current):
         raise DataUnavailableError(
-            f"data.classnames_file={path} has {len(names)} names but there are {expected} class folders "
-            f"({', '.join(folders[:5])}{', ...' if expected > 5 else ''}); give one name per folder, in sorted folder order"
+            f"data.classnames_file={path} has {len(names)} names but there are {len(current)} classes "
+            f"({', '.join(current[:5])}{', ...' if len(current) > 5 else ''}); give one name per class, in label order"
         )
     return [n.replace("_", " ") for n in names]
-
-
-def load_cifar10(root: str, download: bool) -> ImageDataset:
-    from torchvision.datasets import CIFAR10
-
-    check_available("cifar10", root, download)
-    splits = {}
-    for split, train in (("train", True), ("test", False)):
-        data = CIFAR10(root, train=train, download=download)
-        splits[split] = ImageSplit(np.asarray(data.targets, dtype=np.int64), arrays=data.data)  # (N, 32, 32, 3)
-    return ImageDataset("cifar10", list(CIFAR10_CLASSES), DEFAULT_TEMPLATE, splits["train"], splits["test"])
 
 
 def make_synthetic(num_classes: int, train_per_class: int, test_per_class: int, size: int, seed: int) -> ImageDataset:
@@ -209,7 +215,8 @@ def make_synthetic(num_classes: int, train_per_class: int, test_per_class: int, 
 
 
 def stratified_subset(labels: np.ndarray, fraction: float, rng: np.random.RandomState) -> np.ndarray:
-    """Sorted indices keeping round(fraction * n_c) (at least 1) samples of every class c."""
+    """Sorted indices keeping round(fraction * n_c) (at least 1) samples of every stratum c (a class, or a
+    (domain, class) pair)."""
     if not 0 < fraction <= 1:
         raise DataUnavailableError(f"data fractions must be in (0, 1], got {fraction}")
     if fraction == 1:

@@ -32,7 +32,7 @@ def test_classnames_file(tmp_path):
     names.write_text("red_panda\nkoala\n")
     assert load_imagefolder(str(root), str(names)).classnames == ["red panda", "koala"]
     names.write_text("only one\n")
-    with pytest.raises(DataUnavailableError, match="has 1 names but there are 2 class folders"):
+    with pytest.raises(DataUnavailableError, match="has 1 names but there are 2 classes"):
         load_imagefolder(str(root), str(names))
 
 
@@ -75,7 +75,7 @@ def test_template_must_have_one_slot():
 
 
 def test_missing_cifar10_offline_says_what_to_download(tmp_path, monkeypatch):
-    monkeypatch.setattr("fedur.data.datasets.reachable", lambda host: False)
+    monkeypatch.setattr("fedur.data.cifar.reachable", lambda host: False)
     with pytest.raises(DataUnavailableError) as err:
         check_available("cifar10", str(tmp_path), download=True)
     assert "cifar-10-python.tar.gz" in str(err.value) and f"data.root={tmp_path}" in str(err.value)

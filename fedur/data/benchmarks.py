@@ -1,0 +1,244 @@
+"""The paper's single-domain benchmarks in the on-disk layouts its reference code reads.
+
+FedCoPL (`krumpguo/FedCoPL`, `utils/prepare_data.py`, `data/dataset.py`) reads DTD and RESISC45 in the
+ELEVATER layouts of the Kaggle `konszer/cpl-datasets` copy, CUB as the official CUB_200_2011 archive
+and UCF101 as mid-frame images with "path label" lists. Each loader reproduces the files and the
+label order the reference reads; `check_*` looks only for the files, so a wrong root fails at once.
+The template is FedCoPL's (`data/dataset_prompts.py`): 'a photo of a {}', without a period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from fedur.data.images import (
+    DataUnavailableError,
+    ImageDataset,
+    check_every_class,
+    check_images_exist,
+    path_split,
+    read_lines,
+    read_path_label_lines,
+    require_dir,
+    require_file,
+)
+
+BENCHMARK_TEMPLATE = "a photo of a {}"
+UCF101_COOP_SPLIT = "split_zhou_UCF101.json"
+UCF101_COOP_IMAGES = "UCF-101-midframes"
+
+
+def _names(lines: list[str]) -> list[str]:
+    return [line.replace("_", " ") for line in lines]
+
+
+def _listed_split(
+    root: Path, lists: list[str], names: list[str], names_file: Path, image_path: Callable[[str, str], str]
+) -> tuple[list[str], list[int]]:
+    """Images and labels of the "<path> <label>" files `lists` (e.g. train.txt + val.txt), concatenated;
+    `image_path(list_stem, listed_path)` says where the reference finds each image."""
+    paths, labels = [], []
+    for listing in lists:
+        listfile = require_file(root / listing, f"the split file {listing}")
+        pairs = read_path_label_lines(listfile, len(names), names_file)
+        stem = Path(listing).stem
+        listed_paths = [os.path.join(root, image_path(stem, listed)) for listed, _ in pairs]  # not pathlib: 10x faster
+        check_images_exist(listed_paths, str(listfile))
+        paths += listed_paths
+        labels += [label for _, label in pairs]
+    check_every_class(labels, names, " + ".join(lists))
+    return paths, labels
+
+
+def check_dtd(root: Path) -> None:
+    for name in ("class_names.txt", "train.txt", "val.txt", "test.txt"):
+        require_file(root / name, f"DTD's {name} (ELEVATER layout)")
+
+
+def load_dtd(root: Path) -> ImageDataset:
+    """root/class_names.txt: 47 names, line i = label i.
+    root/{train,val,test}.txt: "<path> <label>" lines; a zip prefix "<x>.zip@" in <path> is dropped.
+    root/{train,val,test}/<path>: the images. Train = train.txt + val.txt, test = test.txt."""
+    check_dtd(root)
+    names_file = root / "class_names.txt"
+    names = _names(read_lines(names_file))
+
+    def image_path(stem: str, listed: str) -> str:
+        return f"{stem}/{listed.split('@')[-1]}"
+
+    train = _listed_split(root, ["train.txt", "val.txt"], names, names_file, image_path)
+    test = _listed_split(root, ["test.txt"], names, names_file, image_path)
+    return ImageDataset("dtd", names, BENCHMARK_TEMPLATE, path_split(*train), path_split(*test))
+
+
+def check_resisc45(root: Path) -> None:
+    for name in ("train.json", "val.json", "test.json"):
+        require_file(root / name, f"RESISC45's {name} (ELEVATER resisc45_clip layout)")
+
+
+def _read_coco(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data.get("images"), list):
+            raise ValueError("no 'images' list")
+        return data
+    except (ValueError, AttributeError) as err:
+        raise DataUnavailableError(
+            f"{path}: expected ELEVATER's COCO-style JSON with 'images' ({{'file_name': ...}}) and 'categories' "
+            f"({{'name': ...}}); {err}"
+        ) from err
+
+
+def load_resisc45(root: Path) -> ImageDataset:
+    """root/{train,val,test}.json: COCO-style; `categories` (in train.json) give the classes in label
+    order, each image's `file_name` is "[<x>.zip@]<class_folder>/<image>" and its class is the folder.
+    root/<class_folder>/<image>: the images. Class name = folder with '_' read as a space.
+    Train = train.json + val.json, test = test.json."""
+    check_resisc45(root)
+    meta = _read_coco(root / "train.json")
+    names = [str(c.get("name", "")).replace("_", " ") for c in meta.get("categories", [])]
+    if not names or not all(names):
+        raise DataUnavailableError(f"{root / 'train.json'}: expected a 'categories' list of {{'name': ...}} entries")
+    index = {name: i for i, name in enumerate(names)}
+
+    def split(files: list[str]) -> tuple[list[str], list[int]]:
+        paths, labels = [], []
+        for listing in files:
+            start = len(paths)
+            for image in _read_coco(root / listing)["images"]:
+                relative = str(image.get("file_name", "")).split("@")[-1]
+                folder = relative.split("/")[0]
+                name = folder.replace("_", " ")
+                if "/" not in relative or name not in index:
+                    raise DataUnavailableError(
+                        f"{root / listing}: image {image.get('file_name')!r} is not '<class_folder>/<image>' with a "
+                        f"class folder named in train.json's categories ({', '.join(names[:5])}, ...)"
+                    )
+                paths.append(os.path.join(root, folder, relative.split("/")[-1]))
+                labels.append(index[name])
+            check_images_exist(paths[start:], str(root / listing))
+        check_every_class(labels, names, " + ".join(files))
+        return paths, labels
+
+    train, test = split(["train.json", "val.json"]), split(["test.json"])
+    return ImageDataset("resisc45", names, BENCHMARK_TEMPLATE, path_split(*train), path_split(*test))
+
+
+CUB_FILES = ("images.txt", "image_class_labels.txt", "train_test_split.txt", "classes.txt")
+
+
+def check_cub(root: Path) -> None:
+    for name in CUB_FILES:
+        require_file(root / "CUB_200_2011" / name, f"CUB's {name} (data.root holds CUB_200_2011/)")
+
+
+def _id_table(path: Path, columns: int = 2) -> dict[str, str]:
+    """'<id> <value>' lines as {id: value}."""
+    table = {}
+    for number, line in enumerate(read_lines(path), start=1):
+        fields = line.split(maxsplit=columns - 1)
+        if len(fields) != columns:
+            raise DataUnavailableError(f"{path}:{number}: expected '<id> <value>', found {line!r}")
+        table[fields[0]] = fields[1]
+    return table
+
+
+def load_cub(root: Path) -> ImageDataset:
+    """The official CUB_200_2011 archive under root: images.txt ("<id> <path>"), image_class_labels.txt
+    ("<id> <class id, 1-based>"), train_test_split.txt ("<id> <1 = train>"), classes.txt ("<class id>
+    <nnn.Name>"), images under CUB_200_2011/images/<path>. Class name = classes.txt entry without its
+    "nnn." prefix, '_' read as a space, lower-cased (FedCoPL's rule): 'black footed albatross'."""
+    check_cub(root)
+    base = root / "CUB_200_2011"
+    classes = _id_table(base / "classes.txt")
+    if sorted(classes) != sorted(str(i) for i in range(1, len(classes) + 1)):
+        raise DataUnavailableError(f"{base / 'classes.txt'}: expected class ids 1..C, found {sorted(classes)[:5]}...")
+    names = [classes[str(i)].split(".", 1)[-1].replace("_", " ").lower() for i in range(1, len(classes) + 1)]
+    images, labels, is_train = (_id_table(base / f) for f in CUB_FILES[:3])
+    paths = {"train": [], "test": []}
+    targets = {"train": [], "test": []}
+    for image_id, relative in images.items():
+        if image_id not in labels or image_id not in is_train:
+            raise DataUnavailableError(
+                f"{base / 'images.txt'}: image id {image_id} has no entry in image_class_labels.txt or "
+                "train_test_split.txt; the CUB files come from different copies"
+            )
+        label = int(labels[image_id]) - 1
+        if not 0 <= label < len(names):
+            raise DataUnavailableError(
+                f"{base / 'image_class_labels.txt'}: image {image_id} has class {label + 1} but classes.txt "
+                f"has {len(names)} classes"
+            )
+        split = "train" if is_train[image_id].strip() == "1" else "test"
+        paths[split].append(os.path.join(base, "images", relative))
+        targets[split].append(label)
+    for split in ("train", "test"):
+        check_images_exist(paths[split], f"{base / 'images.txt'} ({split})")
+        check_every_class(targets[split], names, f"the {split} split of train_test_split.txt")
+    return ImageDataset(
+        "cub", names, BENCHMARK_TEMPLATE, path_split(paths["train"], targets["train"]),
+        path_split(paths["test"], targets["test"]),
+    )
+
+
+def check_ucf101(root: Path) -> None:
+    if (root / UCF101_COOP_SPLIT).is_file():
+        require_dir(root / UCF101_COOP_IMAGES, "CoOp's UCF101 mid-frame images")
+        return
+    for name in ("class_names.txt", "train.txt", "test.txt"):
+        require_file(
+            root / name, f"UCF101's {name} (FedCoPL layout; or CoOp's {UCF101_COOP_SPLIT} + {UCF101_COOP_IMAGES}/)"
+        )
+
+
+def load_ucf101(root: Path, include_val: bool = False) -> ImageDataset:
+    """Mid-frame images in one of two layouts, found by their files:
+    - FedCoPL's: root/class_names.txt (line i = label i), root/{train,test}.txt with "<path> <label>"
+      lines; the image is root/{train,test}/<last two components of path> (<class folder>/<file>).
+    - CoOp's: root/split_zhou_UCF101.json ({"train"|"val"|"test": [[path, label, class name], ...]})
+      with the images under root/UCF-101-midframes/<path>; class names from the JSON.
+    Train is CoOp's "train" only unless `include_val` (the paper does not say; FedCoPL's train.txt has no
+    val part to add)."""
+    check_ucf101(root)
+    if not (root / UCF101_COOP_SPLIT).is_file():
+        names_file = root / "class_names.txt"
+        names = _names(read_lines(names_file))
+
+        def image_path(stem: str, listed: str) -> str:
+            return f"{stem}/{'/'.join(listed.rsplit('/', 2)[-2:])}"
+
+        train = _listed_split(root, ["train.txt"], names, names_file, image_path)
+        test = _listed_split(root, ["test.txt"], names, names_file, image_path)
+        return ImageDataset("ucf101", names, BENCHMARK_TEMPLATE, path_split(*train), path_split(*test))
+    return _load_ucf101_coop(root, include_val)
+
+
+def _load_ucf101_coop(root: Path, include_val: bool) -> ImageDataset:
+    split_file = root / UCF101_COOP_SPLIT
+    try:
+        splits = json.loads(split_file.read_text(encoding="utf-8"))
+        items = {s: [(str(p), int(label), str(name)) for p, label, name in splits[s]] for s in ("train", "val", "test")}
+    except (ValueError, KeyError, TypeError) as err:
+        raise DataUnavailableError(
+            f"{split_file}: expected CoOp's split JSON {{'train'|'val'|'test': [[path, label, classname], ...]}}; {err}"
+        ) from err
+    by_label: dict[int, str] = {}
+    for path, label, name in (entry for split in items.values() for entry in split):
+        if by_label.setdefault(label, name) != name:
+            raise DataUnavailableError(f"{split_file}: label {label} is named both {by_label[label]!r} and {name!r}")
+    if sorted(by_label) != list(range(len(by_label))):
+        raise DataUnavailableError(f"{split_file}: labels must be 0..C-1; found {sorted(by_label)[:5]}...")
+    names = _names([by_label[c] for c in range(len(by_label))])
+    images = root / UCF101_COOP_IMAGES
+    result = {}
+    for split, parts in (("train", ["train", "val"] if include_val else ["train"]), ("test", ["test"])):
+        entries = [entry for part in parts for entry in items[part]]
+        paths, labels = [os.path.join(images, p) for p, _, _ in entries], [label for _, label, _ in entries]
+        where = f"{split_file} ({' + '.join(parts)})"
+        check_images_exist(paths, where)
+        check_every_class(labels, names, where)
+        result[split] = path_split(paths, labels)
+    return ImageDataset("ucf101", names, BENCHMARK_TEMPLATE, result["train"], result["test"])
