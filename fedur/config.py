@@ -48,7 +48,8 @@ class DataConfig:
     root: str | None = None
     """Dataset directory (every dataset but synthetic)."""
     classnames_file: str | None = None
-    """Optional text file with one class name per line, in the sorted order of the class folders."""
+    """Optional text file with one class name per line, in label order (for imagefolder: the sorted class
+    folders); replaces the dataset's own class names."""
     template: str | None = None
     """Zero-shot prompt template with one `{}` (default: the dataset's, 'a photo of a {}.')."""
     download: bool = True
@@ -57,6 +58,8 @@ class DataConfig:
     """Multi-domain datasets (domainnet, officehome): the domains to load, in this order (null: all)."""
     domainnet_classes: Literal[10, 345] = 10
     """DomainNet classes: the 10-class subset of federated work (FedBN, FedOTP) or all 345."""
+    ucf101_include_val: bool = False
+    """UCF101 from CoOp's split_zhou_UCF101.json: add its "val" images to the train split (unknown in the paper)."""
     holdout_fraction: float = 0.2
     """Datasets without an official test split (officehome): seeded, stratified share of each domain and
     class held out as the test split."""

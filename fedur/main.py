@@ -54,6 +54,10 @@ def build_parser() -> ArgumentParser:
         default_config_files=[],
     )
     parser.add_argument("--config", action=ActionConfigFile, help="YAML settings file (repeatable; later wins).")
+    parser.add_argument(
+        "--check_data", action="store_true",
+        help="Check the dataset's layout, print its image counts per split, class and domain, and exit without training.",
+    )
     for name, group in GROUPS.items():
         parser.add_class_arguments(group, name, help=group.__doc__)
     return parser
@@ -61,12 +65,17 @@ def build_parser() -> ArgumentParser:
 
 def parse_config(argv: list[str] | None = None) -> tuple[Config, str]:
     """The typed settings and their resolved YAML (saved to the run directory)."""
+    cfg, config_yaml, _ = parse_args(argv)
+    return cfg, config_yaml
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Config, str, Namespace]:
     parser = build_parser()
     namespace = parser.parse_args(argv)
     resolved = Namespace({name: namespace[name] for name in GROUPS})
     config_yaml = parser.dump(resolved)
     groups = parser.instantiate(resolved)
-    return Config(**{name: groups[name] for name in GROUPS}), config_yaml
+    return Config(**{name: groups[name] for name in GROUPS}), config_yaml, namespace
 
 
 def validate(cfg: Config) -> None:
@@ -93,6 +102,7 @@ def validate(cfg: Config) -> None:
         (optim.momentum >= 0 and optim.weight_decay >= 0, "optim.momentum and optim.weight_decay must be >= 0"),
         (optim.batch_size >= 1 and optim.eval_batch_size >= 1, "optim batch sizes must be >= 1"),
         (0 < data.train_fraction <= 1 and 0 < data.test_fraction <= 1, "data fractions must be in (0, 1]"),
+        (0 < data.holdout_fraction < 1, f"data.holdout_fraction must be in (0, 1), got {data.holdout_fraction}"),
         (data.num_workers >= 0, "data.num_workers must be >= 0"),
         (cfg.run.threads is None or cfg.run.threads >= 1, "run.threads must be >= 1 or null"),
         (cfg.run.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {cfg.run.keep_checkpoints}"),
@@ -114,7 +124,7 @@ def validate(cfg: Config) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     check_model(model.name, model.pretrained, model.config_file, model.cache_dir)
-    check_available(data.name, data.root, data.download)
+    check_available(data.name, data.root, data.download, domains=data.domains)
 
 
 def resolve_resume(cfg: Config) -> checkpoint.Committed | None:
@@ -262,10 +272,21 @@ def run(cfg: Config, config_yaml: str):
         return fit(fabric, cfg, run_dir, config_yaml, resume, stop)
 
 
+def check_data(cfg: Config) -> None:
+    """`--check_data`: load the dataset as configured and print its counts; nothing is trained or written."""
+    from fedur.data.inspect import dataset_report
+    from fedur.train.fit import load_data
+
+    check_available(cfg.data.name, cfg.data.root, cfg.data.download, domains=cfg.data.domains)
+    print(dataset_report(load_data(cfg)))
+
+
 def main(argv: list[str] | None = None) -> None:
     sys.stdout.reconfigure(line_buffering=True)  # progress lines reach log files as they happen
-    cfg, config_yaml = parse_config(argv)
+    cfg, config_yaml, namespace = parse_args(argv)
     try:
+        if namespace.check_data:
+            return check_data(cfg)
         validate(cfg)
         run(cfg, config_yaml)
     except USER_ERRORS as err:

@@ -166,7 +166,7 @@ def bad_input_case(case: str, tmp_path, finished_run):
         data = [*fresh, "--data.name", "imagefolder", "--data.root", str(root), "--federation.num_clients", "2", "--federation.min_train_per_client", "1"]
         if case == "names mismatch":
             (inputs / "names.txt").write_text("cat\n")
-            return [*data, "--data.classnames_file", str(inputs / "names.txt")], "has 1 names but there are 2 class folders"
+            return [*data, "--data.classnames_file", str(inputs / "names.txt")], "has 1 names but there are 2 classes (cat, dog)"
         if case == "empty class":
             return data, f"{root}/train/cat has no images"
         return data, "broken.png"
@@ -205,3 +205,16 @@ def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tm
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
     assert snapshot(tmp_path) == before and snapshot(finished_run) == finished_before
+
+
+def test_check_data_prints_counts_and_trains_nothing(tmp_path, run_main):
+    root = image_folder(tmp_path / "data", {"cat": 3, "dog": 2})
+    result = run_main("--config", "configs/smoke.yaml", "--data.name", "imagefolder", "--data.root", str(root), "--check_data")
+    assert result.returncode == 0, result.stderr
+    assert "imagefolder: 2 classes, 5 train / 5 test images" in result.stdout
+    assert [line.split() for line in result.stdout.splitlines() if line.strip().startswith(("0", "1"))] == [
+        ["0", "cat", "3", "3"], ["1", "dog", "2", "2"],
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    missing = run_main("--config", "configs/smoke.yaml", "--data.name", "cub", "--data.root", str(tmp_path / "nope"), "--check_data")
+    assert missing.returncode == 2 and str(tmp_path / "nope") in missing.stderr

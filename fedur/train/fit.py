@@ -259,6 +259,8 @@ def load_data(cfg: Config) -> ImageDataset:
     return build_dataset(
         d.name, d.root, d.classnames_file, d.template, d.download, d.train_fraction, d.test_fraction, cfg.run.seed,
         d.synthetic_classes, d.synthetic_train_per_class, d.synthetic_test_per_class, d.synthetic_image_size,
+        domains=d.domains, domainnet_classes=d.domainnet_classes, holdout_fraction=d.holdout_fraction,
+        holdout_seed=d.holdout_seed, ucf101_include_val=d.ucf101_include_val,
     )
 
 
