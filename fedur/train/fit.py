@@ -22,9 +22,10 @@ from fedur.federated.streams import participants
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import FrozenCLIP, load_clip, zero_shot_weights
 from fedur.train.client import ClientState, train_client
-from fedur.train.evaluate import correct_and_total, predict
+from fedur.train.evaluate import confusion_matrix, correct_and_total, predict
 from fedur.train.module import PromptTuner
-from fedur.train.recorder import Recorder, accuracies, mean
+from fedur.train.progress import QUIET, Progress
+from fedur.train.recorder import Recorder, accuracies, client_histograms, mean
 from fedur.train.refresh import Refresh, refresh_pseudo_labels
 
 INT64_BYTES, FLOAT32_BYTES = 8, 4
@@ -43,19 +44,23 @@ class FitResult:
 def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResult:
     fed, method, optim = cfg.federation, cfg.fedur, cfg.optim
     num_clients = fed.num_clients
-    collectives, recorder = Collectives(fabric), Recorder(fabric, run_dir)
+    collectives, recorder = Collectives(fabric), Recorder(fabric, run_dir, progress=cfg.run.progress)
+    progress = recorder.progress
     dataset, clip, tuner, clients = setup(fabric, cfg)
     model, transform = tuner.model, clip.preprocess
     shared = {name: getattr(clients[0], name) for name in SHARED[method.share]}
     upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
     recorder.start(config_yaml, describe(fabric, cfg, dataset, clients))
+    recorder.record_placement(collectives, clients, num_clients)
+    recorder.record_partition(*client_histograms(collectives, clients, dataset.train.labels, dataset.test.labels,
+                                                 dataset.num_classes, num_clients), dataset.classnames)
 
     zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
     recorder.record_zero_shot(evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text))
 
     carried_optimizer = None  # optim.optimizer_state=shared: momentum passed from client to client
     start_time = time.perf_counter()
-    for round_idx in range(fed.rounds):
+    for round_idx in progress.iterate(range(fed.rounds), "rounds"):
         round_start = time.perf_counter()
         refreshed = round_idx % fed.refresh_every == 0
         if refreshed:
@@ -63,14 +68,14 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResu
                 fabric, collectives, model, clients, dataset.train, transform,
                 zero_shot_text if round_idx == 0 else None, round_idx // fed.refresh_every, method,
                 num_clients=num_clients, n_total=len(dataset.train), batch_size=optim.eval_batch_size,
-                num_workers=cfg.data.num_workers,
+                num_workers=cfg.data.num_workers, progress=progress,
             )
             tuner.class_weights = refresh.class_weights
 
         joined = torch.from_numpy(participants(num_clients, fed.join_rate, cfg.run.seed, round_idx))
         weights = refresh.selected.sum(dim=1) * joined  # |D~_k| of the clients that train; 0 otherwise
         local_losses, carried_optimizer = train_clients(
-            fabric, tuner, clients, dataset.train, transform, round_idx, weights, carried_optimizer, cfg
+            fabric, tuner, clients, dataset.train, transform, round_idx, weights, carried_optimizer, cfg, progress
         )
         shared.update(aggregate(collectives, clients, shared, weights, num_clients))
         accuracy = evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg)
@@ -83,6 +88,8 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResu
             seconds=time.perf_counter() - round_start,
         ))
 
+    recorder.record_confusion(evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, confusion=True),
+                              dataset.classnames)  # one more test pass, with the final prompts
     recorder.save_prompts(shared, clients)
     summary = recorder.finish(
         asdict(cfg),
@@ -123,6 +130,7 @@ def train_clients(
     weights: Tensor,
     carried_optimizer: dict | None,
     cfg: Config,
+    progress: Progress = QUIET,
 ) -> tuple[dict[int, Tensor], dict | None]:
     """Local training of this rank's clients that take part (weight > 0), one after the other.
 
@@ -130,7 +138,7 @@ def train_clients(
     the momentum to hand to the next client.
     """
     mode, losses = cfg.optim.optimizer_state, {}
-    for client in clients:
+    for client in progress.iterate(clients, f"round {round_idx + 1} clients"):
         if weights[client.client_id] == 0:
             continue
         result = train_client(
@@ -138,7 +146,7 @@ def train_clients(
             local_epochs=cfg.federation.local_epochs, refresh_every=cfg.federation.refresh_every,
             batch_size=cfg.optim.batch_size, num_workers=cfg.data.num_workers, seed=cfg.run.seed,
             optimizer_state={"reset": None, "client": client.optimizer_state, "shared": carried_optimizer}[mode],
-            log_every_n_steps=cfg.run.log_every_n_steps,
+            log_every_n_steps=cfg.run.log_every_n_steps, progress=progress,
         )
         client.optimizer_state = result.optimizer_state if mode == "client" else None
         carried_optimizer = result.optimizer_state if mode == "shared" else None
@@ -174,6 +182,8 @@ def round_record(
         "pseudo_label_accuracy": accuracies(refresh.label_hits),
         "selected": refresh.selected.sum(dim=1).tolist(),
         "selected_per_class": refresh.selected.sum(dim=0).tolist(),
+        "selection": refresh.selected.tolist() if refreshed else None,  # (K, C)
+        "class_weights": refresh.class_weights.tolist() if refreshed and refresh.class_weights is not None else None,
         "refreshed": refreshed,
         "participants": torch.nonzero(joined).flatten().tolist(),
         "lr": lr,
@@ -226,17 +236,21 @@ def evaluate_clients(
     transform,
     cfg: Config,
     zero_shot_text: Tensor | None = None,
+    confusion: bool = False,
 ) -> Tensor:
     """(K, 2) [correct, total] of every client on its own test set with its prompts (the global visual
-    prompt and its own text prompt), or zero-shot CLIP with `zero_shot_text`."""
+    prompt and its own text prompt), or zero-shot CLIP with `zero_shot_text`; with `confusion`, the
+    clients' (K, C, C) confusion matrices instead."""
     counts = {}
     for client in clients:
         model.load_prompts(client.visual, client.text_ctx)
         labels = torch.from_numpy(split.labels[client.test_indices])
         images = ClientImages(split, client.test_indices, transform, (labels,))
         loader = make_loader(images, cfg.optim.eval_batch_size, cfg.data.num_workers)
-        counts[client.client_id] = correct_and_total(*predict(fabric, model, loader, zero_shot_text))
-    return collectives.gather_clients(counts, cfg.federation.num_clients, like=torch.zeros(2, dtype=torch.long))
+        logits, truth = predict(fabric, model, loader, zero_shot_text)
+        counts[client.client_id] = confusion_matrix(logits, truth) if confusion else correct_and_total(logits, truth)
+    shape = (model.text_prompt.prefix.shape[0],) * 2 if confusion else (2,)  # (C, C) or (2,)
+    return collectives.gather_clients(counts, cfg.federation.num_clients, like=torch.zeros(shape, dtype=torch.long))
 
 
 def describe(fabric: Fabric, cfg: Config, dataset: ImageDataset, clients: list[ClientState]) -> str:
