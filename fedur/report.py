@@ -77,7 +77,10 @@ def load_run(path: Path, name: str | None = None) -> Run:
         settings = yaml.safe_load((path / "config.yaml").read_text()) or {}
     else:
         settings = {}
-    zero_shot = summary if summary is not None else (_read_json(path / "zero_shot.json") if (path / "zero_shot.json").is_file() else {})
+    if summary is not None:
+        zero_shot = summary
+    else:  # written right after the zero-shot evaluation, before the first round
+        zero_shot = _read_json(path / "zero_shot.json") if (path / "zero_shot.json").is_file() else {}
     partition = _read_json(path / "partition.json") if (path / "partition.json").is_file() else None
     train_sizes = [sum(row) for row in partition["train"]] if partition else None
     return Run(path, name or path.name, rounds, settings, summary, zero_shot, train_sizes)
@@ -161,7 +164,8 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         run.name: run.curve([run.zero_shot.get("zero_shot_client_mean"), *(r["mean_accuracy"] for r in run.rounds)])
         for run in runs
     }
-    line_plot(mean_series, "mean accuracy over clients per round (0: zero-shot CLIP)", "round", "accuracy (%)").save(files[0])
+    title = "mean accuracy over clients per round (0: zero-shot CLIP)"
+    line_plot(mean_series, title, "round", "accuracy (%)").save(files[0])
     for run in runs:
         if not run.rounds:
             continue

@@ -88,8 +88,8 @@ def fit(fabric: Fabric, cfg: Config, run_dir: Path, config_yaml: str) -> FitResu
             seconds=time.perf_counter() - round_start,
         ))
 
-    recorder.record_confusion(evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, confusion=True),
-                              dataset.classnames)  # one more test pass, with the final prompts
+    confusion = evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, confusion=True)
+    recorder.record_confusion(confusion, dataset.classnames)  # one more test pass, with the final prompts
     recorder.save_prompts(shared, clients)
     summary = recorder.finish(
         asdict(cfg),

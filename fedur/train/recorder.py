@@ -146,7 +146,8 @@ class Recorder:
         Every rank must call this."""
         f = self.fabric
         here = torch.tensor([1, f.global_rank, f.node_rank, f.local_rank])  # leading 1: client is hosted
-        rows = collectives.gather_clients({c.client_id: here for c in clients}, num_clients, like=torch.zeros(4, dtype=torch.long))
+        hosted = {c.client_id: here for c in clients}
+        rows = collectives.gather_clients(hosted, num_clients, like=torch.zeros(4, dtype=torch.long))  # (K, 4)
         if not torch.all(rows[:, 0] == 1):
             raise RuntimeError(f"clients hosted by {rows[:, 0].tolist()} ranks (client id order); expected 1 each")
         environment = getattr(f.strategy, "cluster_environment", None)
@@ -166,7 +167,8 @@ class Recorder:
     def record_partition(self, train_hist: np.ndarray, test_hist: np.ndarray, classnames: list[str]) -> None:
         """partition.json and the client x class heatmaps of the split (step 0)."""
         self.classnames = classnames
-        self._write_json("partition.json", {"classnames": classnames, "train": train_hist.tolist(), "test": test_hist.tolist()})
+        counts = {"train": train_hist.tolist(), "test": test_hist.tolist()}
+        self._write_json("partition.json", {"classnames": classnames, **counts})
         if self._logs(0):
             clients = [f"client {k}" for k in range(len(train_hist))]
             for name, hist in (("train", train_hist), ("test", test_hist)):
@@ -187,7 +189,8 @@ class Recorder:
             f"zero-shot CLIP: client mean {_fmt(self.zero_shot['zero_shot_client_mean'])}%, "
             f"global {self.zero_shot['zero_shot_global']:.2f}%"
         )
-        self._scalars({"accuracy/mean": self.zero_shot["zero_shot_client_mean"]}, step=0)
+        clients = {f"accuracy/client_{k:03d}": acc for k, acc in enumerate(per_client)}
+        self._scalars({"accuracy/mean": self.zero_shot["zero_shot_client_mean"], **clients}, step=0)
 
     def record_round(self, row: dict) -> None:
         self.rounds.append(row)
