@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from .conftest import REPO
+from .train.test_recorder import tensorboard_events
 
 ROUNDS = "3"
 
@@ -61,11 +62,32 @@ def test_two_rank_run_writes_its_results(runs):
     assert sorted(p.name for p in (run_dir / "prompts").iterdir()) == [f"client_00{k}.pt" for k in range(4)] + ["global.pt"]
     assert runs["stdout_two"].count("zero-shot CLIP") == 1, "only rank 0 prints"
 
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    placement = json.loads((run_dir / "placement.json").read_text())["ranks"]
+    assert [r["clients"] for r in placement] == [[0, 1], [2, 3]]
+    confusion = json.loads((run_dir / "confusion.json").read_text())
+    assert [sum(row) for row in confusion["matrix"]] == [20] * 5 and confusion["round"] == int(ROUNDS)
 
-    tags = EventAccumulator(str(run_dir / "tensorboard")).Reload().Tags()["scalars"]
-    for tag in ("accuracy/mean", "accuracy/client_000", "accuracy/client_003", "optim/lr", "pseudo_labels/selected_client_001"):
-        assert tag in tags
+
+def test_tensorboard_holds_every_documented_tag(runs):
+    events = tensorboard_events(runs["two"] / "tensorboard")  # every event file, hparams included
+    last = int(ROUNDS)
+    scalars = events["scalars"]
+    for tag in ["accuracy/mean"] + [f"accuracy/client_{k:03d}" for k in range(4)]:
+        assert scalars[tag] == list(range(last + 1))  # step 0: zero-shot CLIP
+    per_round = ["pseudo_labels/accuracy_client_{k}", "pseudo_labels/selected_client_{k}", "loss/client_{k}"]
+    for tag in [t.format(k=f"{k:03d}") for t in per_round for k in range(4)] + [
+        "pseudo_labels/accuracy_mean", "pseudo_labels/selected_total", "loss/loss_mean", "loss/loss_pos_mean",
+        "loss/loss_neg_mean", "optim/lr", "comm/bytes_total", "comm/bytes_cumulative", "time/round_seconds",
+    ]:
+        assert scalars[tag] == list(range(1, last + 1)), tag
+    refreshes = [1, 3]  # smoke: refresh_every 2, so the rounds with index 0 and 2
+    assert all(scalars[f"pseudo_labels/class_weight_{c:03d}"] == refreshes for c in range(5))
+    for tag in ("hparams/final_mean_accuracy", "hparams/best_mean_accuracy", "hparams/zero_shot_client_mean"):
+        assert scalars[tag] == [last]
+    assert events["images"] == {"partition/train": [0], "partition/test": [0], "pseudo_labels/selection": refreshes,
+                                "confusion/final": [last]}
+    assert events["text"] == {"config/text_summary": [0]}
+    assert set(events["hparams"]) == {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"}
 
 
 def test_results_do_not_depend_on_placement(runs):

@@ -16,6 +16,7 @@ from fedur.data.loaders import ClientImages, make_loader
 from fedur.federated.streams import client_generator
 from fedur.train.checkpoint import CheckpointError
 from fedur.train.module import PromptTuner
+from fedur.train.progress import QUIET, Progress
 
 
 @dataclass
@@ -92,6 +93,7 @@ def train_client(
     seed: int,
     optimizer_state: dict | None,
     log_every_n_steps: int = 0,
+    progress: Progress = QUIET,
 ) -> LocalResult:
     """Train the client's prompts `local_epochs` epochs on its selected pseudo-labels, in place.
 
@@ -112,7 +114,7 @@ def train_client(
     first_epoch = (round_idx % refresh_every) * local_epochs
     sums = torch.zeros(3, device=fabric.device)  # loss, loss_pos, loss_neg: summed on device, read once
     steps = 0
-    for epoch in range(local_epochs):
+    for epoch in progress.iterate(range(local_epochs), f"client {client.client_id} epochs"):
         for group in optimizer.param_groups:
             group["lr"] = tuner.learning_rate(first_epoch + epoch)
         for batch in loader:

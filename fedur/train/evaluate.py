@@ -39,3 +39,10 @@ def predict(
 def correct_and_total(logits: Tensor, labels: Tensor) -> Tensor:
     """(2,) int64: number of correct top-1 predictions and number of samples."""
     return torch.tensor([int((logits.argmax(dim=-1) == labels).sum()), len(labels)], dtype=torch.long)
+
+
+def confusion_matrix(logits: Tensor, labels: Tensor) -> Tensor:
+    """(C, C) int64 counts, rows the true class, columns the predicted one."""
+    num_classes = logits.shape[-1]
+    pairs = labels * num_classes + logits.argmax(dim=-1)  # (n,) flat index of (true, predicted)
+    return torch.bincount(pairs, minlength=num_classes * num_classes).reshape(num_classes, num_classes)

@@ -23,11 +23,12 @@ from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import FrozenCLIP, load_clip, zero_shot_weights
 from fedur.train import checkpoint
 from fedur.train.client import ClientState, train_client
-from fedur.train.evaluate import correct_and_total, predict
+from fedur.train.evaluate import confusion_matrix, correct_and_total, predict
 from fedur.train.faults import Fault, parse_fault
 from fedur.train.module import PromptTuner
-from fedur.train.recorder import Recorder, accuracies, mean
 from fedur.train.preemption import StopRequest, requeue_slurm_job
+from fedur.train.progress import QUIET, Progress
+from fedur.train.recorder import Recorder, accuracies, client_histograms, mean
 from fedur.train.refresh import Refresh, refresh_pseudo_labels
 
 INT64_BYTES, FLOAT32_BYTES = 8, 4
@@ -61,15 +62,20 @@ def fit(
     if fabric.is_global_zero:  # only now: a run that fails while loading leaves no directory behind
         run_dir.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
-    recorder = Recorder(fabric, run_dir, start_round=start_round)
+    recorder = Recorder(fabric, run_dir, start_round=start_round, progress=cfg.run.progress)
+    progress = recorder.progress
     model, transform = tuner.model, clip.preprocess
     shared = {name: getattr(clients[0], name) for name in SHARED[method.share]}
     upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
     recorder.start(config_yaml, describe(fabric, cfg, dataset, clients))
+    recorder.record_placement(collectives, clients, num_clients)
+    recorder.record_partition(*client_histograms(collectives, clients, dataset.train.labels, dataset.test.labels,
+                                                 dataset.num_classes, num_clients), dataset.classnames)
 
     zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
     if resume is None:
-        recorder.record_zero_shot(evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text))
+        zero_shot, _ = evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text)
+        recorder.record_zero_shot(zero_shot)
         refresh, carried_optimizer = None, None  # carried: optim.optimizer_state=shared passes momentum client to client
     else:
         state = checkpoint.restore(resume, clients)
@@ -79,9 +85,9 @@ def fit(
         tuner.class_weights = refresh.class_weights
         fabric.print(f"resumed from {resume.folder} (round {start_round} of {fed.rounds} is next)")
 
-    fault = parse_fault(cfg.run.fault)
+    fault, confusion = parse_fault(cfg.run.fault), None
     start_time = time.perf_counter()
-    for round_idx in range(start_round, fed.rounds):
+    for round_idx in progress.iterate(range(start_round, fed.rounds), "rounds", total=fed.rounds, initial=start_round):
         round_start = time.perf_counter()
         refreshed = round_idx % fed.refresh_every == 0
         if refreshed:
@@ -89,17 +95,19 @@ def fit(
                 fabric, collectives, model, clients, dataset.train, transform,
                 zero_shot_text if round_idx == 0 else None, round_idx // fed.refresh_every, method,
                 num_clients=num_clients, n_total=len(dataset.train), batch_size=optim.eval_batch_size,
-                num_workers=cfg.data.num_workers,
+                num_workers=cfg.data.num_workers, progress=progress,
             )
             tuner.class_weights = refresh.class_weights
 
         joined = torch.from_numpy(participants(num_clients, fed.join_rate, cfg.run.seed, round_idx))
         weights = refresh.selected.sum(dim=1) * joined  # |D~_k| of the clients that train; 0 otherwise
         local_losses, carried_optimizer = train_clients(
-            fabric, tuner, clients, dataset.train, transform, round_idx, weights, carried_optimizer, cfg, fault
+            fabric, tuner, clients, dataset.train, transform, round_idx, weights, carried_optimizer, cfg, fault, progress
         )
         shared.update(aggregate(collectives, clients, shared, weights, num_clients))
-        accuracy = evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg)
+        accuracy, confusion = evaluate_clients(
+            fabric, collectives, model, clients, dataset.test, transform, cfg, with_confusion=round_idx == fed.rounds - 1
+        )
         losses = collectives.gather_clients(local_losses, num_clients, like=torch.zeros(3), what="local losses")
 
         uploads = (weights > 0) * upload_bytes + (2 * dataset.num_classes * INT64_BYTES if refreshed else 0)
@@ -120,6 +128,8 @@ def fit(
         if collectives.any(stop_requested, what="stop request") and round_idx + 1 < fed.rounds:
             return stop_early(fabric, cfg, stop, tuner, clients, shared, round_idx)
 
+    if confusion is not None:  # None: a resumed run that had already finished its rounds
+        recorder.record_confusion(confusion, dataset.classnames)
     recorder.save_prompts(shared, clients)
     summary = recorder.finish(
         asdict(cfg),
@@ -174,6 +184,7 @@ def train_clients(
     carried_optimizer: dict | None,
     cfg: Config,
     fault: Fault | None = None,
+    progress: Progress = QUIET,
 ) -> tuple[dict[int, Tensor], dict | None]:
     """Local training of this rank's clients that take part (weight > 0), one after the other.
 
@@ -181,7 +192,7 @@ def train_clients(
     the momentum to hand to the next client.
     """
     mode, losses = cfg.optim.optimizer_state, {}
-    for client in clients:
+    for client in progress.iterate(clients, f"round {round_idx + 1} clients"):
         if weights[client.client_id] == 0:
             continue
         result = train_client(
@@ -189,7 +200,7 @@ def train_clients(
             local_epochs=cfg.federation.local_epochs, refresh_every=cfg.federation.refresh_every,
             batch_size=cfg.optim.batch_size, num_workers=cfg.data.num_workers, seed=cfg.run.seed,
             optimizer_state={"reset": None, "client": client.optimizer_state, "shared": carried_optimizer}[mode],
-            log_every_n_steps=cfg.run.log_every_n_steps,
+            log_every_n_steps=cfg.run.log_every_n_steps, progress=progress,
         )
         client.optimizer_state = result.optimizer_state if mode == "client" else None
         carried_optimizer = result.optimizer_state if mode == "shared" else None
@@ -227,6 +238,8 @@ def round_record(
         "pseudo_label_accuracy": accuracies(refresh.label_hits),
         "selected": refresh.selected.sum(dim=1).tolist(),
         "selected_per_class": refresh.selected.sum(dim=0).tolist(),
+        "selection": refresh.selected.tolist() if refreshed else None,  # (K, C)
+        "class_weights": refresh.class_weights.tolist() if refreshed and refresh.class_weights is not None else None,
         "refreshed": refreshed,
         "participants": torch.nonzero(joined).flatten().tolist(),
         "lr": lr,
@@ -281,19 +294,28 @@ def evaluate_clients(
     transform,
     cfg: Config,
     zero_shot_text: Tensor | None = None,
-) -> Tensor:
+    with_confusion: bool = False,
+) -> tuple[Tensor, Tensor | None]:
     """(K, 2) [correct, total] of every client on its own test set with its prompts (the global visual
-    prompt and its own text prompt), or zero-shot CLIP with `zero_shot_text`."""
-    counts = {}
+    prompt and its own text prompt), or zero-shot CLIP with `zero_shot_text`; and with `with_confusion`
+    the clients' (K, C, C) confusion matrices from the same pass (else None)."""
+    counts, confusions = {}, {}
     for client in clients:
         model.load_prompts(client.visual, client.text_ctx)
         labels = torch.from_numpy(split.labels[client.test_indices])
         images = ClientImages(split, client.test_indices, transform, (labels,))
         loader = make_loader(images, cfg.optim.eval_batch_size, cfg.data.num_workers)
-        counts[client.client_id] = correct_and_total(*predict(fabric, model, loader, zero_shot_text))
-    return collectives.gather_clients(
-        counts, cfg.federation.num_clients, like=torch.zeros(2, dtype=torch.long), what="test accuracy counts"
-    )
+        logits, truth = predict(fabric, model, loader, zero_shot_text)
+        counts[client.client_id] = correct_and_total(logits, truth)
+        if with_confusion:
+            confusions[client.client_id] = confusion_matrix(logits, truth)
+    num_clients, num_classes = cfg.federation.num_clients, model.text_prompt.prefix.shape[0]
+    like = torch.zeros(2, dtype=torch.long)
+    accuracy = collectives.gather_clients(counts, num_clients, like=like, what="test accuracy counts")
+    if not with_confusion:
+        return accuracy, None
+    like = torch.zeros(num_classes, num_classes, dtype=torch.long)
+    return accuracy, collectives.gather_clients(confusions, num_clients, like=like, what="confusion matrices")
 
 
 def describe(fabric: Fabric, cfg: Config, dataset: ImageDataset, clients: list[ClientState]) -> str:

@@ -25,6 +25,7 @@ from fedur.federated.selection import (
 from fedur.model.classifier import PromptedCLIP
 from fedur.train.client import ClientState, PseudoLabels
 from fedur.train.evaluate import predict
+from fedur.train.progress import QUIET, Progress
 
 
 @dataclass
@@ -60,6 +61,7 @@ def refresh_pseudo_labels(
     n_total: int,
     batch_size: int,
     num_workers: int,
+    progress: Progress = QUIET,
 ) -> Refresh:
     """Label every local client's train set with the zero-shot classifier (refresh 0, `zero_shot_text`
     given) or with the client's current prompts (the global visual prompt and its own text prompt), then select.
@@ -69,10 +71,11 @@ def refresh_pseudo_labels(
     """
     num_classes = model.text_prompt.prefix.shape[0]
     probs, truth, kept = {}, {}, {}
-    for client in clients:
+    for client in progress.iterate(clients, "pseudo-labelling clients"):
         model.load_prompts(client.visual, client.text_ctx)
         images = ClientImages(split, client.train_indices, transform, (torch.from_numpy(split.labels[client.train_indices]),))
-        logits, truth[client.client_id] = predict(fabric, model, make_loader(images, batch_size, num_workers), zero_shot_text)
+        batches = progress.iterate(make_loader(images, batch_size, num_workers), f"client {client.client_id} batches")
+        logits, truth[client.client_id] = predict(fabric, model, batches, zero_shot_text)
         p = probs[client.client_id] = logits.softmax(dim=-1)
         kept[client.client_id] = filter_mask(
             p, method.confidence_filter, method.entropy_filter, method.confidence_quantile, method.entropy_quantile

@@ -1,0 +1,202 @@
+"""fedur-report: one or many run directories -> a Markdown report and PNG plots of accuracy per round.
+
+    fedur-report runs/a runs/b --out reports/ab
+    python -m fedur.report runs/* --out reports/all
+
+Writes OUT/report.md (one row per run, then one table per run with its clients), OUT/accuracy_mean.png
+(the mean accuracy over clients per round, one line per run; round 0 is zero-shot CLIP) and
+OUT/accuracy_clients_<run>.png (every client of one run), and prints the Markdown and the files.
+A run without summary.json (still running, or stopped) is reported from its metrics.jsonl, marked so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from fedur.plots import line_plot
+from fedur.train.progress import format_duration
+
+
+class ReportError(ValueError):
+    """A path is not a run directory, or one of its files cannot be read."""
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str
+    rounds: list[dict]  # metrics.jsonl rows, in order
+    settings: dict  # the resolved config (summary.json's, else config.yaml's)
+    summary: dict | None  # None for a run that did not finish
+    zero_shot: dict = field(default_factory=dict)
+    train_sizes: list[int] | None = None  # per client, from partition.json
+
+    @property
+    def complete(self) -> bool:
+        return self.summary is not None
+
+    def curve(self, values: list[float | None]) -> tuple[list[int], list[float | None]]:
+        """(rounds completed, value): step 0 is zero-shot when known, then one point per round."""
+        return [0, *(r["round"] + 1 for r in self.rounds)], values
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ReportError(f"cannot read {path}: {err}") from err
+
+
+def load_run(path: Path, name: str | None = None) -> Run:
+    if not path.is_dir():
+        raise ReportError(f"{path} is not a directory; give the run directories a run wrote (its run.output_dir)")
+    metrics, summary_file = path / "metrics.jsonl", path / "summary.json"
+    if not metrics.is_file() and not summary_file.is_file():
+        raise ReportError(
+            f"{path} is not a fedur run directory: it holds neither metrics.jsonl nor summary.json "
+            "(give the folders a run wrote, e.g. runs/20250101-120000, or runs/* for all of them)"
+        )
+    rounds = []
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            try:
+                rounds.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a run that was stopped while writing
+                break
+    summary = _read_json(summary_file) if summary_file.is_file() else None
+    if summary is not None:
+        settings = summary.get("settings", {})
+    elif (path / "config.yaml").is_file():
+        settings = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    else:
+        settings = {}
+    if summary is not None:
+        zero_shot = summary
+    else:  # written right after the zero-shot evaluation, before the first round
+        zero_shot = _read_json(path / "zero_shot.json") if (path / "zero_shot.json").is_file() else {}
+    partition = _read_json(path / "partition.json") if (path / "partition.json").is_file() else None
+    train_sizes = [sum(row) for row in partition["train"]] if partition else None
+    return Run(path, name or path.name, rounds, settings, summary, zero_shot, train_sizes)
+
+
+def load_runs(paths: list[Path]) -> list[Run]:
+    """Runs named by their folder; by parent/folder where two folders share a name."""
+    names = [p.resolve().name for p in paths]
+    unique = [n if names.count(n) == 1 else f"{p.resolve().parent.name}/{n}" for p, n in zip(paths, names)]
+    return [load_run(p, n) for p, n in zip(paths, unique)]
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def _best(values: list[float | None]) -> tuple[float | None, int | None]:
+    """Best value and its round (1-based: the round count after which it was reached)."""
+    present = [(v, i + 1) for i, v in enumerate(values) if v is not None]
+    return max(present, key=lambda p: p[0]) if present else (None, None)
+
+
+def run_row(run: Run) -> list[str]:
+    fed, data = run.settings.get("federation", {}), run.settings.get("data", {})
+    partition = fed.get("partition", "?")
+    if partition in ("dirichlet", "domain_dirichlet"):
+        partition += f" (beta {fed.get('beta')})"
+    means = [r["mean_accuracy"] for r in run.rounds]
+    best, at = _best(means)
+    wall = run.summary.get("wall_seconds") if run.complete else sum(r["round_seconds"] for r in run.rounds)
+    return [
+        run.name, str(data.get("name", "?")), partition, str(fed.get("num_clients", "?")),
+        f"{len(run.rounds)}/{fed.get('rounds', '?')}", _pct(run.zero_shot.get("zero_shot_client_mean")),
+        _pct(means[-1] if means else None), f"{_pct(best)} @ {at}" if best is not None else "",
+        format_duration(wall) + ("" if run.complete else " so far"), "complete" if run.complete else "incomplete",
+    ]
+
+
+def client_rows(run: Run) -> list[list[str]]:
+    if not run.rounds:
+        return []
+    zero_shot = run.zero_shot.get("zero_shot_client_accuracy") or []
+    rows = []
+    for k in range(len(run.rounds[-1]["client_accuracy"])):
+        curve = [r["client_accuracy"][k] for r in run.rounds]
+        best, at = _best(curve)
+        rows.append([
+            str(k), str(run.train_sizes[k]) if run.train_sizes else "", _pct(zero_shot[k] if k < len(zero_shot) else None),
+            _pct(curve[-1]), f"{_pct(best)} @ {at}" if best is not None else "", str(run.rounds[-1]["selected"][k]),
+        ])
+    return rows
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(cell.replace("|", "/") for cell in line) + " |" for line in lines)
+
+
+def markdown(runs: list[Run], pngs: list[Path]) -> str:
+    header = ["run", "dataset", "partition", "clients", "rounds", "zero-shot mean", "final mean", "best mean @ round",
+              "wall time", "status"]
+    parts = [
+        "# fedur runs",
+        "Accuracy in %: the mean over clients of each client's accuracy on its own test set; a round number is the "
+        "count of rounds completed (0: zero-shot CLIP).",
+        table(header, [run_row(run) for run in runs]),
+    ]
+    for run in runs:
+        status = "" if run.complete else " (incomplete: no summary.json yet)"
+        parts.append(f"## {run.name}{status}\n\n`{run.path}`")
+        parts.append(table(["client", "train images", "zero-shot", "final", "best @ round", "selected (last round)"],
+                           client_rows(run)))
+    parts.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs))
+    return "\n\n".join(parts) + "\n"
+
+
+def plot(runs: list[Run], out: Path) -> list[Path]:
+    """accuracy_mean.png (one line per run) and accuracy_clients_<run>.png for each run."""
+    files = [out / "accuracy_mean.png"]
+    mean_series = {
+        run.name: run.curve([run.zero_shot.get("zero_shot_client_mean"), *(r["mean_accuracy"] for r in run.rounds)])
+        for run in runs
+    }
+    title = "mean accuracy over clients per round (0: zero-shot CLIP)"
+    line_plot(mean_series, title, "round", "accuracy (%)").save(files[0])
+    for run in runs:
+        if not run.rounds:
+            continue
+        zero_shot = run.zero_shot.get("zero_shot_client_accuracy") or [None] * len(run.rounds[0]["client_accuracy"])
+        series = {
+            f"client {k}": run.curve([zero_shot[k], *(r["client_accuracy"][k] for r in run.rounds)])
+            for k in range(len(zero_shot))
+        }
+        path = out / f"accuracy_clients_{re.sub(r'[^A-Za-z0-9._-]+', '_', run.name)}.png"
+        line_plot(series, f"{run.name}: accuracy of each client on its own test set", "round", "accuracy (%)").save(path)
+        files.append(path)
+    return files
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="fedur-report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each a run.output_dir)")
+    parser.add_argument("--out", type=Path, default=Path("report"), help="folder for report.md and the PNGs")
+    args = parser.parse_args(argv)
+    try:
+        runs = load_runs(args.runs)
+    except ReportError as err:
+        print(f"fedur-report: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pngs = plot(runs, args.out)
+    text = markdown(runs, pngs)
+    (args.out / "report.md").write_text(text)
+    print(text)
+    print("wrote " + ", ".join(str(p) for p in [args.out / "report.md", *pngs]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The recorder (run files, TensorBoard, resume) and the progress display, on hand-written rounds."""
+
+import io
+import json
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fedur.federated.collectives import Collectives
+from fedur.train.progress import Progress, eta_seconds, format_duration
+from fedur.train.recorder import Recorder, ResumeError, client_histograms, summary_table
+
+
+class OneRank:
+    """What the recorder and Collectives need from Fabric, for a single process."""
+
+    is_global_zero, global_rank, node_rank, local_rank, world_size = True, 0, 0, 0, 1
+    device = torch.device("cpu")
+    strategy = SimpleNamespace()  # no cluster_environment: a single-device run
+
+
+def tensorboard_events(log_dir: Path) -> dict[str, dict[str, list[int]]]:
+    """kind (scalars, images, text, hparams) -> tag -> steps, from every event file under log_dir (Lightning
+    writes hparams into the run's file, SummaryWriter.add_hparams into a subfolder: read them all)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    found: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                found[value.metadata.plugin_data.plugin_name or value.WhichOneof("value")][value.tag].append(event.step)
+    return found
+
+
+def scalar_curve(log_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) as TensorBoard shows them: EventAccumulator applies purge_step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    return [(e.step, round(e.value, 4)) for e in EventAccumulator(str(log_dir)).Reload().Scalars(tag)]
+
+
+def row(round_idx: int, accuracy: list[float | None], rounds: int = 4, selected=(5, 3)) -> dict:
+    refreshed = round_idx % 2 == 0
+    return {
+        "round": round_idx, "rounds": rounds, "mean_accuracy": float(np.mean([a for a in accuracy if a is not None])),
+        "client_accuracy": accuracy, "pseudo_label_accuracy": [80.0, 60.0], "selected": list(selected),
+        "selected_per_class": [4, 2, 2], "selection": [[3, 1, 1], [1, 1, 1]] if refreshed else None,
+        "class_weights": [0.5, 1.25, 1.25] if refreshed else None, "refreshed": refreshed, "participants": [0, 1],
+        "lr": 0.1, "loss": [1.0, 2.0], "loss_pos": [0.5, 1.5], "loss_neg": [0.5, 0.5], "round_seconds": 10.0,
+        "bytes_sent": [100, 100],
+    }
+
+
+ACCURACY = [[20.0, 40.0], [30.0, 50.0], [60.0, 45.0], [50.0, 55.0]]  # (round, client)
+ZERO_SHOT = torch.tensor([[1, 10], [3, 10]])  # (K, 2) correct, total: 10% and 30%
+
+
+def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    for folder in (straight, resumed):
+        folder.mkdir()
+    recorder = Recorder(OneRank(), straight)
+    recorder.record_zero_shot(ZERO_SHOT)
+    for r, acc in enumerate(ACCURACY):
+        recorder.record_round(row(r, acc))
+    recorder.finish({"seed": 1}, {})
+
+    stopped = Recorder(OneRank(), resumed)  # stops after round index 2, in the middle of writing round 3
+    stopped.record_zero_shot(ZERO_SHOT)
+    for r, acc in enumerate(ACCURACY[:2] + [[99.0, 99.0]]):  # round 2 logged, then lost with the checkpoint
+        stopped.record_round(row(r, acc))
+    stopped.tensorboard.experiment.flush()
+    with open(resumed / "metrics.jsonl", "a") as f:
+        f.write('{"round": 3, "mean_acc')
+
+    again = Recorder(OneRank(), resumed, start_round=2)  # the last checkpoint holds rounds 0 and 1
+    assert [r["round"] for r in again.rounds] == [0, 1] and again.zero_shot == recorder.zero_shot
+    assert len((resumed / "metrics.jsonl").read_text().splitlines()) == 2
+    again.record_zero_shot(ZERO_SHOT)  # logged before: not again
+    for r in (2, 3):
+        again.record_round(row(r, ACCURACY[r]))
+    again.finish({"seed": 1}, {})
+
+    assert (resumed / "metrics.jsonl").read_bytes() == (straight / "metrics.jsonl").read_bytes()
+    assert json.loads((resumed / "summary.json").read_text()) == json.loads((straight / "summary.json").read_text())
+    expected = [(0, 20.0), (1, 30.0), (2, 40.0), (3, 52.5), (4, 52.5)]
+    assert scalar_curve(straight / "tensorboard", "accuracy/mean") == expected
+    assert scalar_curve(resumed / "tensorboard", "accuracy/mean") == expected  # 99.0 at step 3 is purged
+
+
+def test_resume_without_the_rounds_it_needs_says_so(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(row(0, ACCURACY[0])) + "\n")
+    (tmp_path / "zero_shot.json").write_text("{}")
+    with pytest.raises(ResumeError, match="holds only 1 complete rounds"):
+        Recorder(OneRank(), tmp_path, start_round=2)
+    with pytest.raises(ResumeError, match="missing"):
+        Recorder(OneRank(), tmp_path / "elsewhere", start_round=1)
+
+
+def test_run_files_and_tensorboard_tags(tmp_path, capsys):
+    recorder = Recorder(OneRank(), tmp_path)
+    clients = [SimpleNamespace(client_id=0, train_indices=np.array([0, 1, 2]), test_indices=np.array([0])),
+               SimpleNamespace(client_id=1, train_indices=np.array([3, 4]), test_indices=np.array([1, 2]))]
+    train_hist, test_hist = client_histograms(
+        Collectives(OneRank()), clients, np.array([0, 0, 2, 1, 1]), np.array([2, 0, 0]), num_classes=3, num_clients=2
+    )
+    assert train_hist.tolist() == [[2, 0, 1], [0, 2, 0]] and test_hist.tolist() == [[0, 0, 1], [2, 0, 0]]
+    recorder.start("seed: 1\n", "two clients")
+    recorder.record_placement(Collectives(OneRank()), clients, 2)
+    recorder.record_partition(train_hist, test_hist, ["cat", "dog", "owl"])
+    recorder.record_zero_shot(ZERO_SHOT)
+    recorder.record_round(row(0, ACCURACY[0], rounds=1))
+    confusion = torch.tensor([[[2, 0, 0], [0, 0, 1], [0, 0, 0]], [[0, 0, 0], [1, 1, 0], [0, 0, 3]]])  # (K, C, C)
+    recorder.record_confusion(confusion, ["cat", "dog", "owl"])
+    recorder.finish({"optim": {"lr": 0.1}}, {"wall_seconds": 3.0})
+
+    assert json.loads((tmp_path / "placement.json").read_text())["ranks"] == [
+        {"rank": 0, "node": 0, "local_rank": 0, "clients": [0, 1]}
+    ]
+    assert json.loads((tmp_path / "partition.json").read_text())["train"] == [[2, 0, 1], [0, 2, 0]]
+    saved = json.loads((tmp_path / "confusion.json").read_text())
+    assert saved["matrix"] == [[2, 0, 0], [1, 1, 1], [0, 0, 3]] and saved["round"] == 1
+    assert json.loads((tmp_path / "zero_shot.json").read_text())["zero_shot_client_accuracy"] == [10.0, 30.0]
+    events = tensorboard_events(tmp_path / "tensorboard")
+    assert events["images"] == {"partition/train": [0], "partition/test": [0], "pseudo_labels/selection": [1],
+                                "confusion/final": [1]}
+    assert {"pseudo_labels/class_weight_000", "pseudo_labels/selected_total", "comm/bytes_cumulative",
+            "loss/loss_neg_mean", "hparams/final_mean_accuracy"} <= set(events["scalars"])
+    assert "config/text_summary" in events["text"] and "_hparams_/experiment" in events["hparams"]
+    out = capsys.readouterr().out
+    assert "rank 0 (node 0, local rank 0) hosts clients [0, 1]" in out
+    assert "round   1/1  acc 30.00%" in out and "eta 0s" in out
+
+
+def test_summary_table_per_client_and_mean():
+    rounds = [row(r, acc) for r, acc in enumerate(ACCURACY)]
+    assert summary_table(rounds, [10.0, 30.0]).splitlines() == [
+        "client  zero-shot  final   best  at round  selected",
+        "     0      10.00  50.00  60.00         3         5",
+        "     1      30.00  55.00  55.00         4         3",
+        "  mean      20.00  52.50  52.50         3         4",
+    ]
+
+
+def test_eta_and_durations():
+    assert eta_seconds(30.0, 3, 7) == 70.0 and eta_seconds(5.0, 0, 7) is None
+    assert [format_duration(s) for s in (None, 4.4, 725, 11220)] == ["?", "4s", "12m05s", "3h07m"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_on_a_log_file_prints_a_status_line_per_interval():
+    stream, clock = io.StringIO(), Clock()
+    progress = Progress(enabled=True, stream=stream, interval=25.0, clock=clock)
+    for _ in progress.iterate(range(2), "rounds", total=3, initial=1):  # one round done before a resume
+        for _ in progress.iterate(range(4), "client 0 epochs"):
+            clock.now += 10.0
+    assert stream.getvalue().splitlines() == [
+        "progress: rounds 1/3 > client 0 epochs 3/4 (10s left)",  # t=30
+        "progress: rounds 2/3 (20s left) > client 0 epochs 2/4 (20s left)",  # t=60: 40 s per round, 20 s into this one
+    ]
+    assert progress.tasks == []
+
+
+def test_progress_bars_on_a_terminal_and_silence_when_off(capsys):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    progress = Progress(enabled=True, stream=terminal)
+    for _ in progress.iterate(range(3), "rounds"):
+        progress.write("round line")
+    assert "rounds: 100%" in terminal.getvalue() and "3/3" in terminal.getvalue()
+    assert capsys.readouterr().out.count("round line") == 3
+
+    quiet, items = Progress(enabled=False, stream=terminal), object()
+    assert list(quiet.iterate([items], "rounds")) == [items] and not quiet.tasks
