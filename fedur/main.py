@@ -237,7 +237,8 @@ def make_fabric(settings: FabricConfig, collective_timeout: float = 300.0):
 def set_threads(fabric, threads: int | None) -> int:
     """Compute threads per rank from the config, not from the launcher (fabric run sets OMP_NUM_THREADS)."""
     ranks_here = getattr(fabric.strategy, "num_processes", 1)
-    threads = threads or max(1, (os.cpu_count() or 1) // ranks_here)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # SLURM's cpus
+    threads = threads or max(1, cores // ranks_here)
     torch.set_num_threads(threads)
     return threads
 

@@ -129,7 +129,7 @@ def test_crash_before_the_commit_marker_resumes_from_the_round_before(reference,
 
     capsys.readouterr()
     run_in_process(run_dir, "--run.resume", "true")
-    assert "round_00000 (round 1 of 3 is next)" in capsys.readouterr().out
+    assert "round_00000 (round 2 of 3 is next)" in capsys.readouterr().out
     assert_same_run(run_dir, reference)
 
 

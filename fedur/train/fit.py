@@ -83,7 +83,8 @@ def fit(
         recorder.zero_shot = state["zero_shot"]
         refresh, carried_optimizer = Refresh.from_state(state["refresh"]), state["carried_optimizer"]
         tuner.class_weights = refresh.class_weights
-        fabric.print(f"resumed from {resume.folder} (round {start_round} of {fed.rounds} is next)")
+        if fabric.is_global_zero:
+            progress.write(f"resumed from {resume.folder} (round {start_round + 1} of {fed.rounds} is next)")
 
     fault, confusion = parse_fault(cfg.run.fault), None
     start_time = time.perf_counter()
@@ -143,11 +144,11 @@ def stop_early(
     shared: dict[str, Tensor], round_idx: int,
 ) -> FitResult:
     received = stop.received or "a peer's stop request"
-    fabric.print(f"stopped after round {round_idx + 1} of {cfg.federation.rounds} on {received}; the checkpoint is committed")
     if fabric.is_global_zero:
+        print(f"stopped after round {round_idx + 1} of {cfg.federation.rounds} on {received}; the checkpoint is committed")
         outcome = requeue_slurm_job(tuple(cfg.run.requeue_on), received)
         if outcome:
-            fabric.print(outcome)
+            print(outcome)
     return FitResult(None, tuner, clients, shared, stopped_by=received)
 
 
