@@ -131,7 +131,8 @@ def quantity_split(
     if owners_per_class < 1:
         raise PartitionError(
             f"quantity skew gives each class int(federation.num_clients * federation.class_fraction) = "
-            f"int({num_clients} * {class_fraction}) = 0 owners; raise federation.num_clients or federation.class_fraction"
+            f"int({num_clients} * {class_fraction}) = 0 owners; raise federation.num_clients or "
+            "federation.class_fraction"
         )
     rng = np.random.RandomState(seed)
     slots = [class_per_client] * num_clients

@@ -132,7 +132,9 @@ def reference_quantity(train, test, n_parties, num_classes, seed):
     return [parts[k] for k in range(n_parties)], [parts_test.get(k, []) for k in range(n_parties)]
 
 
-@pytest.mark.parametrize("num_clients, num_classes, seed", [(10, 10, 1), (10, 10, 2), (5, 10, 3), (10, 47, 1), (20, 10, 1)])
+@pytest.mark.parametrize(
+    "num_clients, num_classes, seed", [(10, 10, 1), (10, 10, 2), (5, 10, 3), (10, 47, 1), (20, 10, 1)]
+)
 def test_quantity_reproduces_the_reference_split(num_clients, num_classes, seed):
     train, test = labels(60, num_classes, seed=4), labels(20, num_classes, seed=5)
     train_parts, test_parts = quantity_split(train, test, num_clients, 0.2, seed)
