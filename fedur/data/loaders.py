@@ -1,4 +1,9 @@
-"""Per-client DataLoaders over a client's own indices; shuffling comes from the client's own generator."""
+"""Per-client DataLoaders over a client's own indices; shuffling comes from the client's own generator.
+
+Also the reading side of the decode-once cache (fedur/data/cache.py): its rows mapped lazily in each
+worker (`MappedImages`), passed on as uint8 (`Pixels`) and normalised per batch on the device
+(`BatchNormalize`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,35 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from fedur.data.datasets import ImageSplit
+
+
+class MappedImages:
+    """(N, H, W, 3) uint8 rows of a cache file, opened lazily in each process.
+
+    Pickling (a DataLoader worker under spawn) carries the path, not the pixels; under fork the
+    worker inherits the open map. `rows` maps row i of this view to a row of the file (kept images).
+    An integer index gives a read-only (H, W, 3) view; an index array an in-memory copy.
+    """
+
+    def __init__(self, path: str, rows: np.ndarray | None = None):
+        self.path, self.rows, self._map = path, rows, None
+        file_rows, *pixel_shape = np.load(path, mmap_mode="r").shape
+        self.shape = (file_rows if rows is None else len(rows), *pixel_shape)
+        self.dtype = np.dtype(np.uint8)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: int | np.ndarray) -> np.ndarray:
+        if self._map is None:
+            self._map = np.load(self.path, mmap_mode="r")
+        return self._map[index if self.rows is None else self.rows[index]]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self[np.arange(len(self))], dtype=dtype)  # the whole split, in memory
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_map": None}
 
 
 class Pixels:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from PIL import Image
 
-from fedur.data.cache import MappedImages, corrupt_message, prepare_splits, split_preprocess
+from fedur.data.cache import corrupt_message, prepare_splits, split_preprocess
 from fedur.data.datasets import DataUnavailableError, ImageSplit
-from fedur.data.loaders import BatchNormalize, ClientImages, Pixels, make_loader, unchanged
+from fedur.data.loaders import BatchNormalize, ClientImages, MappedImages, Pixels, make_loader, unchanged
 
 SIZE = 24
 PREPROCESS = open_clip.image_transform(SIZE, is_train=False)  # what open_clip gives a 24-px model
