@@ -1,7 +1,9 @@
 """Seeded, pure splits of a labelled train/test pair across clients.
 
 Every rank calls these with the same arguments and gets the same split, so no rank has to send
-indices to another. Each function returns (train_parts, test_parts): one index array per client.
+indices to another. Each function returns (train_parts, test_parts): one int64 index array per client,
+into the train and the test split; together a scheme's parts hold every sample exactly once.
+`split_clients` picks the scheme named by `federation.partition`.
 """
 
 from __future__ import annotations
@@ -92,6 +94,200 @@ def iid_split(
         rng.shuffle(train_parts[k])
         rng.shuffle(test_parts[k])
     return _arrays(train_parts), _arrays(test_parts)
+
+
+def quantity_split(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_clients: int,
+    class_fraction: float,
+    seed: int,
+    min_train: int = 1,
+    num_classes: int | None = None,
+) -> tuple[Parts, Parts]:
+    """Quantity-based label skew as in FedCoPL (`prepare_dataset_UL_fed`, "noniid-labeldir").
+
+    Every client has `class_fraction * C` class slots (a float) and every class goes to
+    `int(K / C * class_fraction * C)` owners (int(0.2 K) for the paper's 0.2: 2 for K=10, 1 for K=5).
+    Classes are handed out in index order, each to the lowest-index clients that still have slots left
+    (slots > 0, so 9.4 slots hold 10 classes). Class c's n_c train samples are taken in index order:
+    each owner but the last gets randint(max(n_c/m/K, 10/C), n_c/m) of them (m owners, NumPy truncating
+    both bounds to int), the last owner the rest; the test samples go to the same owners with sizes
+    drawn the same way, independently. With m > 2 owners every one of the first m-1 gets less than
+    n_c/m, so the last one holds the largest share; with one owner a class is not split (no draw).
+    No index is shuffled. `np.random.RandomState(seed)` is called in the reference's order, so a seed
+    gives the reference's split (the reference seeds the global RNG with the same number).
+
+    Example (CIFAR-10, K=10): clients 0 and 1 hold airplane and automobile, the first owner 250-2,499
+    of a class's 5,000 train images.
+    """
+    _check_split_args(train_labels, num_clients, min_train)
+    if not 0 < class_fraction <= 1:
+        raise PartitionError(f"federation.class_fraction must be in (0, 1], got {class_fraction}")
+    if num_classes is None:
+        num_classes = int(max(train_labels.max(), test_labels.max(initial=0))) + 1
+    class_per_client = num_classes * class_fraction
+    owners_per_class = int(num_clients / num_classes * class_per_client)  # the reference's expression
+    if owners_per_class < 1:
+        raise PartitionError(
+            f"quantity skew gives each class int(federation.num_clients * federation.class_fraction) = "
+            f"int({num_clients} * {class_fraction}) = 0 owners; raise federation.num_clients or "
+            "federation.class_fraction"
+        )
+    rng = np.random.RandomState(seed)
+    slots = [class_per_client] * num_clients
+    train_parts: list[list[int]] = [[] for _ in range(num_clients)]
+    test_parts: list[list[int]] = [[] for _ in range(num_clients)]
+    for c in range(num_classes):
+        owners = [k for k in range(num_clients) if slots[k] > 0][:owners_per_class]
+        if not owners:
+            raise PartitionError(
+                f"quantity skew: no client has a class slot left for class {c} of {num_classes} "
+                f"({num_clients} clients x {class_per_client:g} slots, {owners_per_class} owners per class); "
+                "change federation.num_clients or federation.class_fraction"
+            )
+        idx_train, idx_test = np.flatnonzero(train_labels == c), np.flatnonzero(test_labels == c)
+        sizes_train = _owner_sizes(rng, len(idx_train), len(owners), num_clients, num_classes, c, "train")
+        sizes_test = _owner_sizes(rng, len(idx_test), len(owners), num_clients, num_classes, c, "test")
+        for parts, indices, sizes in ((train_parts, idx_train, sizes_train), (test_parts, idx_test, sizes_test)):
+            for k, chunk in zip(owners, np.split(indices, np.cumsum(sizes)[:-1])):
+                parts[k] += chunk.tolist()
+        for k in owners:
+            slots[k] -= 1
+    small = [k for k, part in enumerate(train_parts) if len(part) < min_train]
+    if small:
+        raise PartitionError(
+            f"quantity skew leaves client(s) {small[:10]} with fewer than {min_train} train samples "
+            f"({num_clients} clients x {class_per_client:g} class slots for {num_classes} classes, "
+            f"{owners_per_class} owners per class); change federation.num_clients or federation.class_fraction"
+        )
+    return _arrays(train_parts), _arrays(test_parts)
+
+
+def _owner_sizes(
+    rng: np.random.RandomState, n: int, owners: int, num_clients: int, num_classes: int, c: int, split: str
+) -> list[int]:
+    if owners == 1:
+        return [n]  # the reference draws size-0 here, which leaves the RNG untouched
+    per_owner = n / owners
+    low = max(per_owner / num_clients, 10 / num_classes)
+    if int(low) >= int(per_owner):
+        raise PartitionError(
+            f"quantity skew: class {c} has {n} {split} samples, too few to share among {owners} owners "
+            f"(each but the last draws from [{int(low)}, {int(per_owner)})); lower federation.num_clients"
+        )
+    sizes = rng.randint(low, per_owner, owners - 1).tolist()  # NumPy truncates the float bounds, as in the reference
+    return sizes + [n - sum(sizes)]
+
+
+def domain_split(train_domains: np.ndarray, test_domains: np.ndarray, num_clients: int) -> tuple[Parts, Parts]:
+    """Feature skew: client d holds every train and test sample of domain d (the paper's Table 3).
+
+    The parts are in index order; nothing is drawn. Domains are 0 .. D-1 and num_clients must be D.
+    """
+    num_domains = _num_domains(train_domains, test_domains)
+    if num_clients != num_domains:
+        raise PartitionError(
+            f"federation.partition=domain makes one client per domain: the data has {num_domains} domains "
+            f"but federation.num_clients={num_clients}; set federation.num_clients={num_domains} "
+            "(or select domains with data.domains)"
+        )
+    return (
+        [np.flatnonzero(train_domains == d).astype(np.int64) for d in range(num_domains)],
+        [np.flatnonzero(test_domains == d).astype(np.int64) for d in range(num_domains)],
+    )
+
+
+def domain_dirichlet_split(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    train_domains: np.ndarray,
+    test_domains: np.ndarray,
+    clients_per_domain: int,
+    beta: float,
+    seed: int,
+    min_train: int = 10,
+) -> tuple[Parts, Parts]:
+    """Feature and label skew (the paper's Tables 4/5): each domain split over `clients_per_domain` clients.
+
+    Domain d's samples are split with `dirichlet_split` (the rule of the Dirichlet split, with the
+    N/K caps and the min_train redraw computed within the domain) and go to clients
+    d * clients_per_domain ... (d + 1) * clients_per_domain - 1. Domain d draws from its own
+    RandomState seeded by SeedSequence([seed, d]), so the domains are independent of each other and of
+    the seeds next to `seed`.
+    """
+    if clients_per_domain < 1:
+        raise PartitionError(f"federation.clients_per_domain must be >= 1, got {clients_per_domain}")
+    num_domains = _num_domains(train_domains, test_domains)
+    train_parts: Parts = []
+    test_parts: Parts = []
+    for d in range(num_domains):
+        in_train, in_test = np.flatnonzero(train_domains == d), np.flatnonzero(test_domains == d)
+        domain_seed = int(np.random.SeedSequence([seed, d]).generate_state(1)[0])
+        try:
+            parts_train, parts_test = dirichlet_split(
+                train_labels[in_train], test_labels[in_test], clients_per_domain, beta, domain_seed, min_train
+            )
+        except PartitionError as err:
+            raise PartitionError(f"domain {d}: {err} (or lower federation.clients_per_domain)") from err
+        train_parts += [in_train[part] for part in parts_train]  # back to indices of the whole split
+        test_parts += [in_test[part] for part in parts_test]
+    return train_parts, test_parts
+
+
+def _num_domains(train_domains: np.ndarray, test_domains: np.ndarray) -> int:
+    num_domains = int(max(train_domains.max(initial=-1), test_domains.max(initial=-1))) + 1
+    empty = [d for d in range(num_domains) if not (train_domains == d).any()]
+    if num_domains == 0 or empty or min(train_domains.min(initial=0), test_domains.min(initial=0)) < 0:
+        raise PartitionError(
+            f"domain indices must be 0 .. D-1 with train samples in every domain; found {num_domains} "
+            f"domain(s), without train samples: {empty[:10]}"
+        )
+    return num_domains
+
+
+def split_clients(
+    scheme: str,
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    train_domains: np.ndarray | None,
+    test_domains: np.ndarray | None,
+    *,
+    num_clients: int,
+    beta: float,
+    class_fraction: float,
+    clients_per_domain: int,
+    seed: int,
+    min_train: int,
+) -> tuple[Parts, Parts]:
+    """The split `federation.partition=scheme` asks for; every setting that does not fit says so."""
+    if scheme in ("domain", "domain_dirichlet"):
+        if train_domains is None or test_domains is None:
+            raise PartitionError(
+                f"federation.partition={scheme} needs a dataset with domains (domainnet, officehome); this one "
+                "has none: use dirichlet, quantity or iid"
+            )
+        if scheme == "domain":
+            return domain_split(train_domains, test_domains, num_clients)
+        num_domains = _num_domains(train_domains, test_domains)
+        if num_clients != clients_per_domain * num_domains:
+            raise PartitionError(
+                f"federation.partition=domain_dirichlet: federation.num_clients={num_clients} must equal "
+                f"federation.clients_per_domain ({clients_per_domain}) x {num_domains} domains = "
+                f"{clients_per_domain * num_domains}"
+            )
+        return domain_dirichlet_split(
+            train_labels, test_labels, train_domains, test_domains, clients_per_domain, beta, seed, min_train
+        )
+    if scheme == "dirichlet":
+        return dirichlet_split(train_labels, test_labels, num_clients, beta, seed, min_train)
+    if scheme == "quantity":
+        return quantity_split(train_labels, test_labels, num_clients, class_fraction, seed, min_train)
+    if scheme == "iid":
+        return iid_split(train_labels, test_labels, num_clients, seed, min_train)
+    raise PartitionError(
+        f"federation.partition={scheme!r} is unknown; use dirichlet, quantity, domain, domain_dirichlet or iid"
+    )
 
 
 def _check_split_args(train_labels: np.ndarray, num_clients: int, min_train: int) -> None:
