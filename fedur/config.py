@@ -69,7 +69,8 @@ class DataConfig:
     """Decode every image once into a memory-mapped uint8 cache at the model's input resolution and
     train from it (no JPEG decoding or resizing per epoch)."""
     cache_dir: str | None = None
-    """Where the decoded-image cache lives (null: ~/.cache/fedur); shared by later runs and every rank."""
+    """Where the decoded-image cache lives (null: $FEDUR_CACHE_DIR, else ~/.cache/fedur); shared by later
+    runs and every rank."""
     corrupt_images: Literal["stop", "skip"] = "stop"
     """An image that cannot be decoded stops the run with its path ('stop'), or is left out and counted in
     the run's summary ('skip')."""
@@ -112,7 +113,8 @@ class FederationConfig:
     clients_per_domain: int = 3
     """domain_dirichlet: clients per domain (the paper: 3 or 5); num_clients must equal it times the domains."""
     min_train_per_client: int = 10
-    """The Dirichlet split is redrawn until every client holds at least this many train images."""
+    """Every client must hold at least this many train images (the Dirichlet split is redrawn until it
+    does; the other splits refuse to start)."""
     join_rate: float = 1.0
     """Fraction of clients that train in a round, sampled uniformly per round (1.0: all clients)."""
 

@@ -1,4 +1,5 @@
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,8 @@ import torch
 
 # Tests never touch the network: open_clip's hub lookups fail at once instead of retrying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Decoded-image caches of test runs go to a throwaway folder, not ~/.cache/fedur.
+os.environ.setdefault("FEDUR_CACHE_DIR", tempfile.mkdtemp(prefix="fedur-test-cache-"))
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -89,7 +89,7 @@ def prepare_splits(
     """
     if corrupt not in ("stop", "skip"):
         raise ValueError(f"data.corrupt_images must be 'stop' or 'skip', got {corrupt!r}")
-    directory = Path(os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR))
+    directory = Path(os.path.expanduser(cache_dir or os.environ.get("FEDUR_CACHE_DIR") or DEFAULT_CACHE_DIR))
     geometric, mean, std = split_preprocess(preprocess) if cache else (None, (), ())
     workers = _default_workers() if workers is None else workers
     out = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -14,7 +16,9 @@ class PromptedCLIP(nn.Module):
     """A frozen CLIP plus a text context (`text_prompt.ctx`) and deep visual prompts (`visual_prompt`).
 
     Only the two prompt tensors are trainable. The federated loop swaps client state in and out of
-    them with `load_prompts` / `prompts`.
+    them with `load_prompts` / `prompts`. `normalize` is applied to every image batch first: the
+    identity for normalised float images, or the cache's uint8 -> float step (data/cache.py), which
+    then runs on the device instead of per sample in the loader.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class PromptedCLIP(nn.Module):
         self.visual_prompt = nn.Parameter(init_prompt(shape, init_std, seed=seed * 1000 + 2))  # (depth, n_tok, width)
         self.text_prompt.ctx.requires_grad_(n_ctx > 0)
         self.visual_prompt.requires_grad_(visual_tokens > 0)
+        self.normalize: Callable[[Tensor], Tensor] = _identity
 
     def train(self, mode: bool = True) -> "PromptedCLIP":
         super().train(mode)
@@ -67,7 +72,11 @@ class PromptedCLIP(nn.Module):
         embeddings = self.text_prompt()  # (C, L, width)
         return F.normalize(encode_text_embeddings(self.clip, embeddings, self.text_prompt.tokens), dim=-1)
 
-    def image_features(self, images: Tensor) -> Tensor:
+    def image_features(self, images: Tensor, prompted: bool = True) -> Tensor:
+        """Unit-norm features of an image batch, with the visual prompts or (`prompted=False`) as plain CLIP."""
+        images = self.normalize(images)
+        if not prompted:
+            return F.normalize(self.clip.encode_image(images), dim=-1)
         prompts = self.visual_prompt if self.visual_prompt.numel() else None
         return F.normalize(encode_image_prompted(self.clip.visual, images, prompts), dim=-1)
 
@@ -92,3 +101,7 @@ class PromptedCLIP(nn.Module):
     def prompts(self) -> tuple[Tensor, Tensor]:
         """Detached copies of (visual prompt, text context)."""
         return self.visual_prompt.detach().clone(), self.text_prompt.ctx.detach().clone()
+
+
+def _identity(images: Tensor) -> Tensor:
+    return images

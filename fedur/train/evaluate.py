@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from lightning import Fabric
 from torch import Tensor
 from torch.utils.data import DataLoader
@@ -25,10 +24,7 @@ def predict(
         text = zero_shot_text.to(fabric.device) if zero_shot_text is not None else model.text_features()
         for images, batch_labels in loader:
             images = fabric.to_device(images)
-            if zero_shot_text is not None:
-                features = F.normalize(model.clip.encode_image(images), dim=-1)
-            else:
-                features = model.image_features(images)
+            features = model.image_features(images, prompted=zero_shot_text is None)
             logits.append(model.logits(features, text).float().cpu())  # device-to-host copy per batch
             labels.append(batch_labels)
     if not logits:

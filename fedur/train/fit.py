@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from lightning import Fabric
 from torch import Tensor
 
 from fedur.config import Config, result_settings
+from fedur.data.cache import PreparedData, prepare_splits, stderr_progress
 from fedur.data.datasets import ImageDataset, ImageSplit, build_dataset
 from fedur.data.loaders import ClientImages, make_loader
-from fedur.data.partition import dirichlet_split, iid_split
+from fedur.data.partition import split_clients
 from fedur.federated.aggregation import weighted_average
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
@@ -58,13 +59,13 @@ def fit(
     num_clients = fed.num_clients
     start_round = 0 if resume is None else resume.round_idx + 1
     collectives = Collectives(fabric)
-    dataset, clip, tuner, clients = setup(fabric, cfg)
+    dataset, clip, tuner, clients, loading = setup(fabric, cfg)
     if fabric.is_global_zero:  # only now: a run that fails while loading leaves no directory behind
         run_dir.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
     recorder = Recorder(fabric, run_dir, start_round=start_round, progress=cfg.run.progress)
     progress = recorder.progress
-    model, transform = tuner.model, clip.preprocess
+    model, transform = tuner.model, loading.transform
     shared = {name: getattr(clients[0], name) for name in SHARED[method.share]}
     upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
     recorder.start(config_yaml, describe(fabric, cfg, dataset, clients))
@@ -134,7 +135,10 @@ def fit(
     recorder.save_prompts(shared, clients)
     summary = recorder.finish(
         asdict(cfg),
-        {"num_clients": num_clients, "world_size": fabric.world_size, "wall_seconds": time.perf_counter() - start_time},
+        {
+            "num_clients": num_clients, "world_size": fabric.world_size, "wall_seconds": time.perf_counter() - start_time,
+            "skipped_images": loading.skipped,
+        },
     )
     return FitResult(summary, tuner, clients, shared)
 
@@ -152,18 +156,31 @@ def stop_early(
     return FitResult(None, tuner, clients, shared, stopped_by=received)
 
 
-def setup(fabric: Fabric, cfg: Config) -> tuple[ImageDataset, FrozenCLIP, PromptTuner, list[ClientState]]:
-    """The data split, the frozen backbone with its prompt slots on this rank, and this rank's clients."""
-    with fabric.rank_zero_first():  # rank 0 downloads data and weights, the others then read its copy
+def setup(fabric: Fabric, cfg: Config) -> tuple[ImageDataset, FrozenCLIP, PromptTuner, list[ClientState], PreparedData]:
+    """The data (decoded once into the image cache) and its split, the frozen backbone with its prompt
+    slots on this rank, and this rank's clients."""
+    d = cfg.data
+    with fabric.rank_zero_first():  # rank 0 downloads and decodes, the others then read its copy
         dataset = load_data(cfg)
         torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
         clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
-    train_parts, test_parts = split_clients(dataset, cfg)
+        loading = prepare_splits(
+            dataset.train, dataset.test, clip.preprocess, clip.image_size, cache=d.cache, cache_dir=d.cache_dir,
+            dataset_key=f"{d.name}:{os.path.abspath(d.root) if d.root else ''}", corrupt=d.corrupt_images,
+            progress=stderr_progress() if fabric.is_global_zero and cfg.run.progress else None,
+        )
+    dataset.train, dataset.test = loading.train, loading.test  # without skipped images, rows of the cache
+    fed, optim, method = cfg.federation, cfg.optim, cfg.fedur
+    train_parts, test_parts = split_clients(
+        fed.partition, dataset.train.labels, dataset.test.labels, dataset.train.domains, dataset.test.domains,
+        num_clients=fed.num_clients, beta=fed.beta, class_fraction=fed.class_fraction,
+        clients_per_domain=fed.clients_per_domain, seed=cfg.run.seed, min_train=fed.min_train_per_client,
+    )
     model = PromptedCLIP(
         clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
         cfg.model.ctx_init_std, cfg.run.seed,
     )
-    fed, optim, method = cfg.federation, cfg.optim, cfg.fedur
+    model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     tuner = PromptTuner(
         model, optim.lr, optim.momentum, optim.weight_decay, fed.refresh_every * fed.local_epochs,
         method.negatives, method.tau_neg, method.neg_loss_weight,
@@ -171,7 +188,7 @@ def setup(fabric: Fabric, cfg: Config) -> tuple[ImageDataset, FrozenCLIP, Prompt
     visual, text = model.prompts()  # every client starts from the same prompts
     local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank)
     clients = [ClientState(k, train_parts[k], test_parts[k], visual, text) for k in local_ids]
-    return dataset, clip, tuner, clients
+    return dataset, clip, tuner, clients, loading
 
 
 def train_clients(
@@ -276,14 +293,6 @@ def load_data(cfg: Config) -> ImageDataset:
         domains=d.domains, domainnet_classes=d.domainnet_classes, holdout_fraction=d.holdout_fraction,
         holdout_seed=d.holdout_seed, ucf101_include_val=d.ucf101_include_val,
     )
-
-
-def split_clients(dataset: ImageDataset, cfg: Config) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    fed = cfg.federation
-    train, test = dataset.train.labels, dataset.test.labels
-    if fed.partition == "dirichlet":
-        return dirichlet_split(train, test, fed.num_clients, fed.beta, cfg.run.seed, fed.min_train_per_client)
-    return iid_split(train, test, fed.num_clients, cfg.run.seed, fed.min_train_per_client)
 
 
 def evaluate_clients(
