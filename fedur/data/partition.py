@@ -304,6 +304,15 @@ def _arrays(parts: list[list[int]]) -> Parts:
     return [np.asarray(part, dtype=np.int64) for part in parts]
 
 
+def client_domains(scheme: str, num_clients: int, clients_per_domain: int) -> list[int] | None:
+    """The domain index of each client under a domain split (None for the label-skew splits)."""
+    if scheme == "domain":
+        return list(range(num_clients))
+    if scheme == "domain_dirichlet":
+        return [k // clients_per_domain for k in range(num_clients)]
+    return None
+
+
 def class_histogram(labels: np.ndarray, parts: Parts, num_classes: int) -> np.ndarray:
     """(K, C) counts of each class in each client's part."""
     return np.stack([np.bincount(labels[part], minlength=num_classes) for part in parts])

@@ -107,3 +107,30 @@ def test_online_negatives_and_client_momentum(tmp_path):
     result, row = run_smoke(tmp_path, "--fedur.negatives", "online", "--optim.optimizer_state", "client")
     assert all(v > 0 for v in row["loss_neg"])
     assert all(c.optimizer_state is not None for c in result.clients)
+
+
+def test_feature_skew_runs_end_to_end_with_one_domain_per_client(tmp_path):
+    """A tiny DomainNet copy (6 domains x 10 classes): federation.partition=domain gives client d the
+    whole of domain d, domain_dirichlet gives clients 2d and 2d+1 domain d; summary.json has each domain's accuracy."""
+    from tests.data.test_layouts import write_domainnet
+
+    root = write_domainnet(tmp_path / "domainnet")
+    for scheme, clients in (("domain", 6), ("domain_dirichlet", 12)):
+        run_dir = tmp_path / scheme
+        cfg, config_yaml = parse_config([
+            "--config", "configs/smoke.yaml", "--data.name", "domainnet", "--data.root", str(root),
+            "--federation.partition", scheme, "--federation.num_clients", str(clients),
+            "--federation.clients_per_domain", "2", "--federation.beta", "0.5", "--federation.min_train_per_client", "1",
+            "--federation.rounds", "1", "--federation.local_epochs", "1", "--run.output_dir", str(run_dir),
+        ])
+        result = run(cfg, config_yaml)
+        from fedur.train.fit import load_data
+
+        domains = load_data(cfg).train.domains
+        for client in result.clients:
+            expected = client.client_id if scheme == "domain" else client.client_id // 2
+            assert set(domains[client.train_indices].tolist()) == {expected}
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert list(summary["final_domain_accuracy"]) == ["clipart", "infograph", "painting", "quickdraw", "real", "sketch"]
+        partition = json.loads((run_dir / "partition.json").read_text())
+        assert sum(map(sum, partition["train"])) == 6 * 10 * 2
