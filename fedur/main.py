@@ -34,6 +34,7 @@ from fedur.train import checkpoint
 from fedur.train.checkpoint import CheckpointError
 from fedur.train.faults import parse_fault
 from fedur.train.preemption import StopRequest
+from fedur.train.recorder import ResumeError
 
 SUPPORTED_PRECISION = ("32-true", "32", "bf16-mixed", "bf16")
 
@@ -42,7 +43,9 @@ class ConfigError(ValueError):
     """A setting is invalid; the message names the key and the accepted values."""
 
 
-USER_ERRORS = (ConfigError, DataUnavailableError, ModelUnavailableError, PartitionError, PlacementError, CheckpointError)
+USER_ERRORS = (
+    ConfigError, DataUnavailableError, ModelUnavailableError, PartitionError, PlacementError, CheckpointError, ResumeError,
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -278,7 +281,7 @@ def run(cfg: Config, config_yaml: str):
 def check_data(cfg: Config) -> None:
     """`--check_data`: load the dataset as configured and print its counts; nothing is trained or written."""
     from fedur.data.inspect import dataset_report
-    from fedur.train.fit import load_data
+    from fedur.train.setup import load_data
 
     check_available(cfg.data.name, cfg.data.root, cfg.data.download, domains=cfg.data.domains)
     print(dataset_report(load_data(cfg)))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,16 +11,13 @@ from lightning import Fabric
 from torch import Tensor
 
 from fedur.config import Config, result_settings
-from fedur.data.cache import PreparedData, prepare_splits, stderr_progress
-from fedur.data.datasets import ImageDataset, ImageSplit, build_dataset
+from fedur.data.datasets import ImageSplit
 from fedur.data.loaders import ClientImages, make_loader
-from fedur.data.partition import client_domains, split_clients
 from fedur.federated.aggregation import weighted_average
 from fedur.federated.collectives import Collectives
-from fedur.federated.placement import clients_on_rank
 from fedur.federated.streams import participants
 from fedur.model.classifier import PromptedCLIP
-from fedur.model.clip import FrozenCLIP, load_clip, zero_shot_weights
+from fedur.model.clip import zero_shot_weights
 from fedur.train import checkpoint
 from fedur.train.client import ClientState, train_client
 from fedur.train.evaluate import confusion_matrix, correct_and_total, predict
@@ -29,8 +25,10 @@ from fedur.train.faults import Fault, parse_fault
 from fedur.train.module import PromptTuner
 from fedur.train.preemption import StopRequest, requeue_slurm_job
 from fedur.train.progress import QUIET, Progress
-from fedur.train.recorder import Recorder, accuracies, client_histograms, mean
+from fedur.train.recorder import Recorder, client_histograms
+from fedur.train.round_metrics import domain_summary, round_record
 from fedur.train.refresh import Refresh, refresh_pseudo_labels
+from fedur.train.setup import describe, setup
 
 INT64_BYTES, FLOAT32_BYTES = 8, 4
 
@@ -157,41 +155,6 @@ def stop_early(
     return FitResult(None, tuner, clients, shared, stopped_by=received)
 
 
-def setup(fabric: Fabric, cfg: Config) -> tuple[ImageDataset, FrozenCLIP, PromptTuner, list[ClientState], PreparedData]:
-    """The data (decoded once into the image cache) and its split, the frozen backbone with its prompt
-    slots on this rank, and this rank's clients."""
-    d = cfg.data
-    with fabric.rank_zero_first():  # rank 0 downloads and decodes, the others then read its copy
-        dataset = load_data(cfg)
-        torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
-        clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
-        loading = prepare_splits(
-            dataset.train, dataset.test, clip.preprocess, clip.image_size, cache=d.cache, cache_dir=d.cache_dir,
-            dataset_key=f"{d.name}:{os.path.abspath(d.root) if d.root else ''}", corrupt=d.corrupt_images,
-            progress=stderr_progress() if fabric.is_global_zero and cfg.run.progress else None,
-        )
-    dataset.train, dataset.test = loading.train, loading.test  # without skipped images, rows of the cache
-    fed, optim, method = cfg.federation, cfg.optim, cfg.fedur
-    train_parts, test_parts = split_clients(
-        fed.partition, dataset.train.labels, dataset.test.labels, dataset.train.domains, dataset.test.domains,
-        num_clients=fed.num_clients, beta=fed.beta, class_fraction=fed.class_fraction,
-        clients_per_domain=fed.clients_per_domain, seed=cfg.run.seed, min_train=fed.min_train_per_client,
-    )
-    model = PromptedCLIP(
-        clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
-        cfg.model.ctx_init_std, cfg.run.seed,
-    )
-    model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
-    tuner = PromptTuner(
-        model, optim.lr, optim.momentum, optim.weight_decay, fed.refresh_every * fed.local_epochs,
-        method.negatives, method.tau_neg, method.neg_loss_weight,
-    ).to(fabric.device)
-    visual, text = model.prompts()  # every client starts from the same prompts
-    local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank)
-    clients = [ClientState(k, train_parts[k], test_parts[k], visual, text) for k in local_ids]
-    return dataset, clip, tuner, clients, loading
-
-
 def train_clients(
     fabric: Fabric,
     tuner: PromptTuner,
@@ -229,47 +192,6 @@ def train_clients(
     return losses, carried_optimizer
 
 
-def round_record(
-    round_idx: int,
-    cfg: Config,
-    refresh: Refresh,
-    refreshed: bool,
-    joined: Tensor,
-    weights: Tensor,
-    accuracy: Tensor,
-    losses: Tensor,
-    uploads: Tensor,
-    lr: float,
-    seconds: float,
-) -> dict:
-    """One line of metrics.jsonl: every per-client list is indexed by client id."""
-    trained = (weights > 0).tolist()
-    client_acc = accuracies(accuracy)
-
-    def per_trained(column: int) -> list[float | None]:
-        return [float(losses[k, column]) if t else None for k, t in enumerate(trained)]
-
-    return {
-        "round": round_idx,
-        "rounds": cfg.federation.rounds,
-        "mean_accuracy": mean(client_acc),
-        "client_accuracy": client_acc,
-        "pseudo_label_accuracy": accuracies(refresh.label_hits),
-        "selected": refresh.selected.sum(dim=1).tolist(),
-        "selected_per_class": refresh.selected.sum(dim=0).tolist(),
-        "selection": refresh.selected.tolist() if refreshed else None,  # (K, C)
-        "class_weights": refresh.class_weights.tolist() if refreshed and refresh.class_weights is not None else None,
-        "refreshed": refreshed,
-        "participants": torch.nonzero(joined).flatten().tolist(),
-        "lr": lr,
-        "loss": per_trained(0),
-        "loss_pos": per_trained(1),
-        "loss_neg": per_trained(2),
-        "round_seconds": seconds,
-        "bytes_sent": uploads.tolist(),
-    }
-
-
 def aggregate(
     collectives: Collectives, clients: list[ClientState], shared: dict[str, Tensor], weights: Tensor, num_clients: int
 ) -> dict[str, Tensor]:
@@ -284,16 +206,6 @@ def aggregate(
         for client in clients:
             setattr(client, name, averaged[name])
     return averaged
-
-
-def load_data(cfg: Config) -> ImageDataset:
-    d = cfg.data
-    return build_dataset(
-        d.name, d.root, d.classnames_file, d.template, d.download, d.train_fraction, d.test_fraction, cfg.run.seed,
-        d.synthetic_classes, d.synthetic_train_per_class, d.synthetic_test_per_class, d.synthetic_image_size,
-        domains=d.domains, domainnet_classes=d.domainnet_classes, holdout_fraction=d.holdout_fraction,
-        holdout_seed=d.holdout_seed, ucf101_include_val=d.ucf101_include_val,
-    )
 
 
 def evaluate_clients(
@@ -327,27 +239,3 @@ def evaluate_clients(
         return accuracy, None
     like = torch.zeros(num_classes, num_classes, dtype=torch.long)
     return accuracy, collectives.gather_clients(confusions, num_clients, like=like, what="confusion matrices")
-
-
-def domain_summary(rounds: list[dict], dataset: ImageDataset, cfg: Config) -> dict:
-    """Feature-skew tables report each domain's accuracy as the mean over that domain's clients."""
-    fed = cfg.federation
-    domains = client_domains(fed.partition, fed.num_clients, fed.clients_per_domain)
-    if domains is None or not rounds or not dataset.domain_names:
-        return {}
-    final = rounds[-1]["client_accuracy"]
-    per_domain = {
-        name: mean([acc for acc, dom in zip(final, domains) if dom == d]) for d, name in enumerate(dataset.domain_names)
-    }
-    return {"final_domain_accuracy": per_domain, "final_domain_mean": mean(list(per_domain.values()))}
-
-
-def describe(fabric: Fabric, cfg: Config, dataset: ImageDataset, clients: list[ClientState]) -> str:
-    sizes = [len(c.train_indices) for c in clients]
-    return (
-        f"fedur: {dataset.name} ({dataset.num_classes} classes, {len(dataset.train)} train / {len(dataset.test)} test), "
-        f"{cfg.federation.num_clients} clients on {fabric.world_size} rank(s) "
-        f"[rank 0 hosts {[c.client_id for c in clients]}, train sizes {min(sizes)}-{max(sizes)}], "
-        f"{cfg.federation.partition} split, "
-        f"{cfg.federation.rounds} rounds x {cfg.federation.local_epochs} local epochs, device {fabric.device}"
-    )

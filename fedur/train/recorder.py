@@ -165,14 +165,18 @@ class Recorder:
             self._print(f"rank {r['rank']} (node {r['node']}, local rank {r['local_rank']}) hosts clients {r['clients']}")
 
     def record_partition(self, train_hist: np.ndarray, test_hist: np.ndarray, classnames: list[str]) -> None:
-        """partition.json and the client x class heatmaps of the split (step 0)."""
+        """partition.json, and the client x class heatmaps of the split as partition_{train,test}.png and
+        TensorBoard images (step 0)."""
         self.classnames = classnames
         counts = {"train": train_hist.tolist(), "test": test_hist.tolist()}
         self._write_json("partition.json", {"classnames": classnames, **counts})
-        if self._logs(0):
-            clients = [f"client {k}" for k in range(len(train_hist))]
-            for name, hist in (("train", train_hist), ("test", test_hist)):
-                image = heatmap(hist, clients, classnames, f"{name} images per client and class")
+        if not self.writer:
+            return
+        clients = [f"client {k}" for k in range(len(train_hist))]
+        for name, hist in (("train", train_hist), ("test", test_hist)):
+            image = heatmap(hist, clients, classnames, f"{name} images per client and class")
+            image.save(self.run_dir / f"partition_{name}.png")
+            if self._logs(0):
                 self.tensorboard.experiment.add_image(f"partition/{name}", chw(image), 0)
 
     def record_zero_shot(self, counts: Tensor) -> None:

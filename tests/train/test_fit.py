@@ -124,7 +124,7 @@ def test_feature_skew_runs_end_to_end_with_one_domain_per_client(tmp_path):
             "--federation.rounds", "1", "--federation.local_epochs", "1", "--run.output_dir", str(run_dir),
         ])
         result = run(cfg, config_yaml)
-        from fedur.train.fit import load_data
+        from fedur.train.setup import load_data
 
         domains = load_data(cfg).train.domains
         for client in result.clients:
