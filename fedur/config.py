@@ -187,8 +187,16 @@ class RunConfig:
     """Resume even when settings that change results differ from the checkpoint's (they are listed)."""
     keep_checkpoints: int = 2
     """Committed round checkpoints kept in <run>/checkpoints (older ones are deleted)."""
-    collective_timeout: float = 300.0
-    """Seconds a rank waits in a collective for its peers before the run fails (a dead or stuck rank)."""
+    peer_timeout: float = 300.0
+    """Seconds without a heartbeat from a peer rank (a dead process, a lost node) before the other ranks
+    stop with an error."""
+    wait_timeout: float = 10800.0
+    """Seconds a rank waits in one collective for peers that are alive but still working (larger clients,
+    building the image cache) before the run fails as stuck."""
+    requeue_deadline: float = 60.0
+    """After a requeue signal (run.requeue_on), rank 0 requeues the SLURM job at the latest this many
+    seconds later, even in the middle of a round (the job is then ended and resumes from the last
+    committed round). Keep it below the lead time of `#SBATCH --signal`."""
     requeue_on: list[Literal["SIGUSR1", "SIGTERM"]] = field(default_factory=lambda: ["SIGUSR1"])
     """Stop signals after which rank 0 requeues the SLURM job (SIGTERM is also what `scancel` sends)."""
     fault: str | None = None
@@ -238,7 +246,7 @@ class Config:
 RESULT_NEUTRAL = {
     "model.cache_dir", "data.root", "data.download", "data.num_workers", "data.cache", "data.cache_dir",
     "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
-    "run.keep_checkpoints", "run.collective_timeout", "run.requeue_on", "run.fault", "run.threads",
+    "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on", "run.fault", "run.threads",
     "run.log_every_n_steps", "run.progress", "fabric.accelerator", "fabric.devices", "fabric.num_nodes",
     "fabric.strategy",
 }

@@ -111,7 +111,9 @@ def validate(cfg: Config) -> None:
         (data.num_workers >= 0, "data.num_workers must be >= 0"),
         (cfg.run.threads is None or cfg.run.threads >= 1, "run.threads must be >= 1 or null"),
         (cfg.run.keep_checkpoints >= 1, f"run.keep_checkpoints must be >= 1, got {cfg.run.keep_checkpoints}"),
-        (cfg.run.collective_timeout > 0, f"run.collective_timeout must be > 0 seconds, got {cfg.run.collective_timeout}"),
+        (cfg.run.peer_timeout > 0, f"run.peer_timeout must be > 0 seconds, got {cfg.run.peer_timeout}"),
+        (cfg.run.wait_timeout > 0, f"run.wait_timeout must be > 0 seconds, got {cfg.run.wait_timeout}"),
+        (cfg.run.requeue_deadline > 0, f"run.requeue_deadline must be > 0 seconds, got {cfg.run.requeue_deadline}"),
         (fed.num_clients >= expected_world_size(cfg.fabric), f"federation.num_clients={fed.num_clients} is fewer "
          f"than the {expected_world_size(cfg.fabric)} ranks launched; every rank needs at least one client"),
     ]
@@ -151,8 +153,11 @@ def resolve_resume(cfg: Config) -> checkpoint.Committed | None:
         raise ConfigError("run.resume needs run.output_dir: the directory of the run to continue")
     committed = checkpoint.latest(Path(run.output_dir))
     if committed is None:
-        if resume == "auto":
-            return None  # nothing committed yet: start the run (prepare_run_dir refuses a non-empty directory)
+        if resume == "auto":  # nothing committed yet: start the run over
+            if Path(run.output_dir).is_dir() and any(Path(run.output_dir).iterdir()):
+                removed = checkpoint.clear_run_without_commit(Path(run.output_dir))
+                print(f"fedur: {run.output_dir} holds no committed round; starting over (removed {', '.join(removed)})")
+            return None
         raise CheckpointError(
             f"no committed checkpoint under {run.output_dir}/{checkpoint.CHECKPOINTS}/ to resume from "
             "(a run commits one after each round); start a new run instead"
@@ -218,9 +223,17 @@ def resolve_precision(settings: FabricConfig) -> str | None:
     return "bf16-mixed" if cuda else "32-true"
 
 
-def make_fabric(settings: FabricConfig, collective_timeout: float = 300.0):
-    """Fabric with DDP's process-group timeout set to `collective_timeout` (not the 30-minute default),
-    so a dead or stuck peer becomes an error."""
+def effective_precision(settings: FabricConfig) -> str:
+    """The precision the run computes in: `fabric run --precision`, else `fabric.precision` with auto resolved."""
+    cli = os.environ.get("LT_PRECISION")
+    if cli is not None:
+        return {"32": "32-true", "bf16": "bf16-mixed"}.get(cli, cli)
+    return resolve_precision(settings)
+
+
+def make_fabric(settings: FabricConfig, wait_timeout: float = 10800.0):
+    """Fabric with DDP's process-group timeout set to `wait_timeout`: how long a rank waits in a collective
+    for live peers (dead peers are caught sooner by the heartbeat in federated/collectives.py)."""
     from lightning import Fabric
     from lightning.fabric.strategies import DDPStrategy
 
@@ -228,7 +241,7 @@ def make_fabric(settings: FabricConfig, collective_timeout: float = 300.0):
     if strategy in ("auto", "ddp", "ddp_spawn") and expected_world_size(settings) > 1:
         os.environ.pop("LT_STRATEGY", None)  # `fabric run --strategy ddp`: the same strategy, built here
         strategy = DDPStrategy(
-            timeout=timedelta(seconds=collective_timeout), start_method="spawn" if strategy == "ddp_spawn" else "popen"
+            timeout=timedelta(seconds=wait_timeout), start_method="spawn" if strategy == "ddp_spawn" else "popen"
         )
     return Fabric(
         accelerator=settings.accelerator,
@@ -263,18 +276,20 @@ def prepare_run_dir(fabric, output_dir: str | None, resuming: bool = False) -> P
 def run(cfg: Config, config_yaml: str):
     from fedur.train.fit import fit
 
+    cfg.fabric.precision = effective_precision(cfg.fabric)  # recorded resolved: auto is not the same on CPU and GPU
     resume = resolve_resume(cfg)
     if cfg.run.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
-    fabric = make_fabric(cfg.fabric, cfg.run.collective_timeout)
+    fabric = make_fabric(cfg.fabric, cfg.run.wait_timeout)
     if os.environ.get("LT_CLI_USED") != "1":  # under `fabric run` the processes already exist
         fabric.launch()
     if cfg.optim.optimizer_state == "shared" and fabric.world_size > 1:
         raise ConfigError("optim.optimizer_state=shared passes momentum from client to client and needs one rank")
     set_threads(fabric, cfg.run.threads)
     run_dir = prepare_run_dir(fabric, cfg.run.output_dir, resuming=resume is not None)
-    with StopRequest() as stop:  # SIGUSR1/SIGTERM: stop after the next committed round
+    requeue_on = tuple(cfg.run.requeue_on) if fabric.is_global_zero else ()
+    with StopRequest(requeue_on=requeue_on, requeue_deadline=cfg.run.requeue_deadline) as stop:  # stop after a commit
         return fit(fabric, cfg, run_dir, config_yaml, resume, stop)
 
 

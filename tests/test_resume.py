@@ -133,14 +133,20 @@ def test_crash_before_the_commit_marker_resumes_from_the_round_before(reference,
     assert_same_run(run_dir, reference)
 
 
-def test_sigkill_mid_round_on_two_ranks_then_resume_equals_the_uninterrupted_run(reference, tmp_path):
+@pytest.mark.parametrize("point", ["train", "commit"])
+def test_sigkill_on_two_ranks_then_resume_equals_the_uninterrupted_run(reference, tmp_path, point):
+    """SIGKILL of rank 1 in the middle of round 1's training, or after it wrote its clients' checkpoint
+    files of round 1 but before rank 0's commit marker: the resume continues after round 0."""
     run_dir = tmp_path / "run"
-    killed = launch(["--run.output_dir", str(run_dir), "--run.fault", "kill:train:1:1"], fabric_ranks=2)
+    killed = launch(["--run.output_dir", str(run_dir), "--run.fault", f"kill:{point}:1:1"], fabric_ranks=2)
     out, lines = timed_output(killed)
-    assert killed.returncode != 0 and "injected fault: kill at train of round 1 on rank 1" in out, out[-2000:]
+    assert killed.returncode != 0 and f"injected fault: kill at {point} of round 1 on rank 1" in out, out[-2000:]
     seconds = seconds_between(lines, "injected fault: kill")
-    print(f"dead peer (SIGKILL): the job exited {seconds:.1f} s later, code {killed.returncode}")
+    print(f"dead peer (SIGKILL at {point}): the job exited {seconds:.1f} s later, code {killed.returncode}")
+    assert seconds < 60  # the survivors do not wait for a timeout (slack for a loaded CI machine)
     assert checkpoint.latest(run_dir).round_idx == 0
+    if point == "commit":
+        assert checkpoint.client_file(checkpoint.round_folder(run_dir, 1), 3).exists()  # rank 1 had written its files
 
     resumed = launch(["--run.output_dir", str(run_dir), "--run.resume", "true"], fabric_ranks=2)
     out, _ = resumed.communicate(timeout=300)
@@ -159,16 +165,19 @@ def wait_for_rounds(process: subprocess.Popen, run_dir: Path, rounds: int, timeo
     raise AssertionError("the run did not reach the round in time")
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
-def test_stop_signal_checkpoints_exits_0_and_resumes_identically(reference, tmp_path, sig):
-    """SIGUSR1 also requeues the SLURM job: a fake `scontrol` on PATH records the call."""
+@pytest.mark.parametrize("case", ["SIGTERM", "SIGUSR1", "SIGUSR1, round too long"])
+def test_stop_signal_checkpoints_exits_0_and_resumes_identically(reference, tmp_path, case):
+    """SIGUSR1 also requeues the SLURM job (a fake `scontrol` on PATH records the call): after the round's
+    commit, or at run.requeue_deadline when the round has not ended by then."""
+    sig = case.split(",")[0]
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol-calls"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     (bin_dir / "scontrol").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
     run_dir = tmp_path / "run"
-    process = launch(["--run.output_dir", str(run_dir)], env=env)
+    late = ["--run.requeue_deadline", "0.001"] if "too long" in case else []
+    process = launch(["--run.output_dir", str(run_dir), *late], env=env)
     wait_for_rounds(process, run_dir, 1)
     process.send_signal(getattr(signal, sig))
     out, _ = process.communicate(timeout=120)
@@ -178,7 +187,8 @@ def test_stop_signal_checkpoints_exits_0_and_resumes_identically(reference, tmp_
     stopped_at = checkpoint.latest(run_dir).round_idx
     assert stopped_at < ROUNDS - 1
     if sig == "SIGUSR1":
-        assert calls.read_text().split() == ["requeue", "4242"]
+        assert calls.read_text().split() == ["requeue", "4242"]  # exactly once
+        assert ("did not end within run.requeue_deadline" in out) == ("too long" in case)
     else:  # scancel also sends SIGTERM: not requeued unless run.requeue_on lists it
         assert not calls.exists()
 
@@ -186,16 +196,31 @@ def test_stop_signal_checkpoints_exits_0_and_resumes_identically(reference, tmp_
     assert_same_run(run_dir, reference)
 
 
-def test_a_stuck_peer_fails_the_run_within_the_collective_timeout(tmp_path):
+def test_a_stuck_peer_fails_the_run_within_the_wait_timeout(tmp_path):
     run_dir = tmp_path / "run"
-    process = launch(["--run.output_dir", str(run_dir), "--run.fault", "hang:commit:1:1", "--run.collective_timeout", "8"], fabric_ranks=2)
+    process = launch(["--run.output_dir", str(run_dir), "--run.fault", "hang:commit:1:1", "--run.wait_timeout", "8"], fabric_ranks=2)
     out, lines = timed_output(process)
     assert process.returncode != 0, out[-3000:]
-    error = "a peer died or did not answer within run.collective_timeout"
+    error = "a peer died, or did not arrive within run.wait_timeout"
     assert "failed on rank 0: " + error in out, out[-3000:]
     survivor = seconds_between(lines, "injected fault: hang at commit of round 1 on rank 1", error)
     job = seconds_between(lines, "injected fault: hang")
-    # The stuck rank ignores the launcher's SIGTERM (it is a stop request) and is killed after the grace period.
-    print(f"stuck peer: rank 0 failed {survivor:.1f} s after the hang (collective_timeout 8 s); the job ended after {job:.1f} s")
+    print(f"stuck peer: rank 0 failed {survivor:.1f} s after the hang (wait_timeout 8 s); the job ended after {job:.1f} s")
     assert survivor < 8 + 60  # far below the collective library's 30-minute default; slack for a loaded CI machine
     assert checkpoint.latest(run_dir).round_idx == 0  # the committed round survives
+
+
+def test_resume_auto_starts_over_after_a_crash_before_the_first_commit(reference, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    with pytest.raises(InjectedFault):
+        run_in_process(run_dir, "--run.fault", "raise:commit:0:0")
+    assert checkpoint.latest(run_dir) is None and (run_dir / "metrics.jsonl").exists()
+    run_in_process(run_dir, "--run.resume", "auto")  # a requeued job: nothing to resume, so it starts over
+    assert "holds no committed round; starting over" in capsys.readouterr().out
+    assert_same_run(run_dir, reference)
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(checkpoint.CheckpointError, match="holds notes.txt"):
+        run_in_process(tmp_path / "other", "--run.resume", "auto")
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"

@@ -7,13 +7,23 @@ reduction over clients is then done locally in client-id order.
 
 Before each exchange the ranks compare a small signature (call number, what is exchanged, shape,
 dtype): a rank that calls a different collective, or one with another shape, becomes a
-CollectiveError on every rank instead of a hang or silently wrong sums. A rank that never calls
-(dead, or stuck) makes the others fail after the process-group timeout (`run.collective_timeout`).
+CollectiveError on every rank instead of a hang or silently wrong sums.
+
+Two timeouts, because a rank may legitimately wait long for a live peer (its clients are larger, it
+builds the image cache) but should not wait long for a dead one:
+- a heartbeat: a background thread on every rank joins a tiny all_reduce every few seconds on its own
+  gloo group; when a peer process or node dies, the others stop with an error within
+  `run.peer_timeout` (at once when the connection drops), whatever their main thread is waiting in;
+- the process-group timeout (`run.wait_timeout`, hours) ends a wait on a peer that is alive but stuck.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import zlib
+from datetime import timedelta
 from typing import Protocol
 
 import torch
@@ -42,9 +52,19 @@ class Communicator(Protocol):
 
 
 class Collectives:
-    def __init__(self, comm: Communicator) -> None:
+    def __init__(self, comm: Communicator, peer_timeout: float | None = None) -> None:
+        """`peer_timeout`: start the heartbeat (every rank must construct its Collectives at the same point)."""
         self.comm = comm
         self.calls = 0
+        self.heartbeat = None
+        if peer_timeout is not None and comm.world_size > 1 and torch.distributed.is_initialized():
+            self.heartbeat = Heartbeat(comm.global_rank, peer_timeout)
+
+    def close(self) -> None:
+        """Stop the heartbeat together with the other ranks (call at the same point on every rank)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
 
     def gather_clients(self, values: dict[int, Tensor], num_clients: int, like: Tensor, what: str) -> Tensor:
         """(num_clients, *shape) with row k = values[k] from whichever rank hosts client k.
@@ -62,12 +82,12 @@ class Collectives:
             out = self._call(what, lambda: self.comm.all_reduce(out, reduce_op="sum"))
         return out.cpu()
 
-    def any(self, flag: bool, what: str) -> bool:
-        """True on every rank when `flag` is true on any rank."""
+    def max_over_ranks(self, value: int, what: str) -> int:
+        """The largest of every rank's `value`, on every rank."""
         if self.comm.world_size == 1:
-            return flag
-        total = self.gather_clients({self.comm.global_rank: torch.tensor(int(flag))}, self.comm.world_size, torch.tensor(0), what)
-        return bool(total.sum() > 0)
+            return value
+        every = self.gather_clients({self.comm.global_rank: torch.tensor(value)}, self.comm.world_size, torch.tensor(0), what)
+        return int(every.max())
 
     def barrier(self, what: str = "barrier") -> None:
         if self.comm.world_size > 1:
@@ -91,9 +111,50 @@ class Collectives:
             raise
         except RuntimeError as err:  # gloo/NCCL: a peer closed the connection, or the timeout passed
             raise CollectiveError(
-                f"{what} failed on rank {self.comm.global_rank}: a peer died or did not answer within "
-                f"run.collective_timeout ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+                f"{what} failed on rank {self.comm.global_rank}: a peer died, or did not arrive within "
+                f"run.wait_timeout ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
             ) from err
+
+
+class Heartbeat:
+    """Every `interval` seconds, all ranks' heartbeat threads all_reduce [stop flag] on a private gloo group.
+
+    A dead peer makes that all_reduce fail (connection closed, or `timeout`), and the rank exits with an
+    error at once. Ranks stop together: `stop()` raises this rank's flag, and every thread leaves after
+    the first beat in which any flag is up.
+    """
+
+    def __init__(self, rank: int, timeout: float, interval: float = 2.0) -> None:
+        import torch.distributed as dist
+
+        self.rank, self.timeout, self.interval = rank, timeout, min(interval, timeout / 4)
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="fedur-heartbeat", daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        import torch.distributed as dist
+
+        while True:
+            flag = torch.tensor([1.0 if self.stopping.is_set() else 0.0])
+            try:
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            except Exception as err:  # a peer died: the main thread may be blocked in a collective for hours
+                print(
+                    f"fedur: error: rank {self.rank} lost its peers: no heartbeat within run.peer_timeout="
+                    f"{self.timeout:g}s or the connection dropped (a rank died or its node failed): "
+                    f"{str(err).splitlines()[0] if str(err) else type(err).__name__}",
+                    file=sys.stderr, flush=True,
+                )
+                os._exit(1)
+            if flag.item() > 0:
+                return
+            self.stopping.wait(self.interval)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
 
 
 def signature(call: int, what: str, tensor: Tensor) -> Tensor:

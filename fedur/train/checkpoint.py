@@ -83,6 +83,29 @@ def commit(folder: Path, round_idx: int, marker: dict, global_state: dict) -> No
     atomic_write_text(json.dumps(content, indent=1) + "\n", folder / MARKER)
 
 
+# What a run writes before it commits its first round (recorder.py, fit.py).
+BEFORE_FIRST_COMMIT = {
+    "config.yaml", "metrics.jsonl", "placement.json", "partition.json", "partition_train.png", "partition_test.png",
+    "zero_shot.json", "tensorboard", CHECKPOINTS,
+}
+
+
+def clear_run_without_commit(run_dir: Path) -> list[str]:
+    """Remove what a run that died before its first commit left in `run_dir`, so that it can start over
+    (`run.resume auto` after a requeue). Refuses, removing nothing, when anything else is there."""
+    entries = sorted(p.name for p in Path(run_dir).iterdir())
+    foreign = [name for name in entries if name not in BEFORE_FIRST_COMMIT]
+    if foreign or committed_rounds(run_dir):
+        raise CheckpointError(
+            f"{run_dir} has no committed checkpoint to resume but holds {', '.join(foreign[:5]) or 'committed rounds'}; "
+            "choose a new run.output_dir"
+        )
+    for name in entries:
+        path = Path(run_dir) / name
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return entries
+
+
 def prune(run_dir: Path, keep: int) -> None:
     """Keep the newest `keep` committed rounds; drop older rounds, committed or not."""
     committed = committed_rounds(run_dir)

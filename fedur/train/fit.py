@@ -23,7 +23,7 @@ from fedur.train.client import ClientState, train_client
 from fedur.train.evaluate import confusion_matrix, correct_and_total, predict
 from fedur.train.faults import Fault, parse_fault
 from fedur.train.module import PromptTuner
-from fedur.train.preemption import StopRequest, requeue_slurm_job
+from fedur.train.preemption import StopRequest
 from fedur.train.progress import QUIET, Progress
 from fedur.train.recorder import Recorder, client_histograms
 from fedur.train.round_metrics import domain_summary, round_record
@@ -31,6 +31,8 @@ from fedur.train.refresh import Refresh, refresh_pseudo_labels
 from fedur.train.setup import describe, setup
 
 INT64_BYTES, FLOAT32_BYTES = 8, 4
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # agreed as max over ranks: SIGUSR1 (requeue) wins
 
 SHARED = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text_ctx"), "none": ()}
 
@@ -56,8 +58,10 @@ def fit(
     fed, method, optim = cfg.federation, cfg.fedur, cfg.optim
     num_clients = fed.num_clients
     start_round = 0 if resume is None else resume.round_idx + 1
-    collectives = Collectives(fabric)
+    collectives = Collectives(fabric, peer_timeout=cfg.run.peer_timeout)
     dataset, clip, tuner, clients, loading = setup(fabric, cfg)
+    # A resume checks its clients against the checkpoint before anything in the run directory changes.
+    resumed = None if resume is None else checkpoint.restore(resume, clients)
     if fabric.is_global_zero:  # only now: a run that fails while loading leaves no directory behind
         run_dir.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
@@ -72,21 +76,20 @@ def fit(
                                                  dataset.num_classes, num_clients), dataset.classnames)
 
     zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
-    if resume is None:
+    if resumed is None:
         zero_shot, _ = evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text)
         recorder.record_zero_shot(zero_shot)
         refresh, carried_optimizer = None, None  # carried: optim.optimizer_state=shared passes momentum client to client
     else:
-        state = checkpoint.restore(resume, clients)
-        shared.update(state["shared"])
-        recorder.zero_shot = state["zero_shot"]
-        refresh, carried_optimizer = Refresh.from_state(state["refresh"]), state["carried_optimizer"]
+        shared.update(resumed["shared"])
+        recorder.zero_shot = resumed["zero_shot"]
+        refresh, carried_optimizer = Refresh.from_state(resumed["refresh"]), resumed["carried_optimizer"]
         tuner.class_weights = refresh.class_weights
         if fabric.is_global_zero:
             progress.write(f"resumed from {resume.folder} (round {start_round + 1} of {fed.rounds} is next)")
 
     fault, confusion = parse_fault(cfg.run.fault), None
-    start_time = time.perf_counter()
+    start_time, wall_before = time.perf_counter(), 0.0 if resumed is None else resumed["wall_seconds"]
     for round_idx in progress.iterate(range(start_round, fed.rounds), "rounds", total=fed.rounds, initial=start_round):
         round_start = time.perf_counter()
         refreshed = round_idx % fed.refresh_every == 0
@@ -119,22 +122,27 @@ def fit(
         global_state = {
             "shared": {name: t.cpu() for name, t in shared.items()}, "refresh": refresh.state_dict(),
             "carried_optimizer": carried_optimizer, "zero_shot": recorder.zero_shot,
+            "wall_seconds": wall_before + time.perf_counter() - start_time,  # over every session of the run
         }
         checkpoint.save_round(
             fabric, collectives, run_dir, round_idx, clients, global_state, cfg.run.keep_checkpoints, fault,
             marker={"num_clients": num_clients, "world_size": fabric.world_size, "settings": result_settings(asdict(cfg))},
         )
-        stop_requested = stop is not None and stop.received is not None
-        if collectives.any(stop_requested, what="stop request") and round_idx + 1 < fed.rounds:
-            return stop_early(fabric, cfg, stop, tuner, clients, shared, round_idx)
+        signal_code = STOP_SIGNALS.index(stop.received) + 1 if stop is not None and stop.received else 0
+        signal_code = collectives.max_over_ranks(signal_code, what="stop request")  # did any rank get a signal?
+        if signal_code and round_idx + 1 < fed.rounds:
+            collectives.close()
+            return stop_early(fabric, cfg, stop, tuner, clients, shared, round_idx, STOP_SIGNALS[signal_code - 1])
 
     if confusion is not None:  # None: a resumed run that had already finished its rounds
         recorder.record_confusion(confusion, dataset.classnames)
+    collectives.close()
     recorder.save_prompts(shared, clients)
     summary = recorder.finish(
         asdict(cfg),
         {
-            "num_clients": num_clients, "world_size": fabric.world_size, "wall_seconds": time.perf_counter() - start_time,
+            "num_clients": num_clients, "world_size": fabric.world_size,
+            "wall_seconds": wall_before + time.perf_counter() - start_time,
             "skipped_images": loading.skipped,
             **domain_summary(recorder.rounds, dataset, cfg),
         },
@@ -144,12 +152,12 @@ def fit(
 
 def stop_early(
     fabric: Fabric, cfg: Config, stop: StopRequest, tuner: PromptTuner, clients: list[ClientState],
-    shared: dict[str, Tensor], round_idx: int,
+    shared: dict[str, Tensor], round_idx: int, received: str,
 ) -> FitResult:
-    received = stop.received or "a peer's stop request"
     if fabric.is_global_zero:
         print(f"stopped after round {round_idx + 1} of {cfg.federation.rounds} on {received}; the checkpoint is committed")
-        outcome = requeue_slurm_job(tuple(cfg.run.requeue_on), received)
+        stop.received = stop.received or received  # a peer's signal counts as this rank's
+        outcome = stop.requeue()
         if outcome:
             print(outcome)
     return FitResult(None, tuner, clients, shared, stopped_by=received)

@@ -135,8 +135,10 @@ class Recorder:
             (self.run_dir / name).write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
     def start(self, config_yaml: str, description: str) -> None:
+        """config.yaml; a resumed run keeps it and writes its own settings next to it."""
         if self.writer:
-            (self.run_dir / "config.yaml").write_text(config_yaml)
+            name = f"config.resumed-at-round-{self.start_round + 1}.yaml" if self.start_round else "config.yaml"
+            (self.run_dir / name).write_text(config_yaml)
         if self._logs(0):
             self.tensorboard.experiment.add_text("config", f"```\n{config_yaml}\n```", 0)
         self._print(description)

@@ -1,7 +1,9 @@
 """Collectives on a real 2-process gloo group: exact gathers, and errors (not hangs) when ranks disagree."""
 
 import datetime
+import os
 import socket
+import time
 import traceback
 
 import pytest
@@ -43,7 +45,7 @@ def scenario(rank: int, port: int, results) -> None:
         # clients 0, 1 on rank 0 and 2 on rank 1: every rank receives every row, exactly
         mine = {0: torch.tensor([1.0, 2.0]), 1: torch.tensor([3.0, 4.0])} if rank == 0 else {2: torch.tensor([5.0, 6.0])}
         outcome["rows"] = collectives.gather_clients(mine, 3, like=torch.zeros(2), what="values").tolist()
-        outcome["any"] = collectives.any(rank == 1, what="flag")
+        outcome["max"] = collectives.max_over_ranks(5 if rank == 1 else 2, what="flag")
         try:  # rank 1 sends another shape
             collectives.gather_clients({}, 3, like=torch.zeros(2 + rank), what="prompts")
         except CollectiveError as err:
@@ -76,7 +78,7 @@ def test_gather_is_exact_and_in_client_order(outcomes):
     for rank in (0, 1):
         assert "crash" not in outcomes[rank], outcomes[rank].get("crash")
         assert outcomes[rank]["rows"] == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
-        assert outcomes[rank]["any"] is True
+        assert outcomes[rank]["max"] == 5
 
 
 def test_a_shape_mismatch_raises_on_every_rank(outcomes):
@@ -90,4 +92,28 @@ def test_different_collectives_raise_on_every_rank(outcomes):
 
 
 def test_a_missing_participant_raises_after_the_timeout(outcomes):
-    assert "histograms failed on rank 0: a peer died or did not answer" in outcomes[0]["missing"]
+    assert "histograms failed on rank 0: a peer died, or did not arrive within run.wait_timeout" in outcomes[0]["missing"]
+
+
+def lose_a_peer(rank: int, port: int) -> None:
+    """Rank 1 dies while rank 0's main thread is busy (not in any collective): the heartbeat notices."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=600))
+    Collectives(GlooComm(rank, 2), peer_timeout=20)
+    if rank == 1:
+        os._exit(0)
+    time.sleep(120)  # "training": the heartbeat thread must end this process long before
+
+
+def test_the_heartbeat_ends_a_rank_whose_peer_died_even_outside_collectives():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.start_processes(lose_a_peer, args=(port,), nprocs=2, join=False, start_method="spawn")
+    start = time.monotonic()
+    survivor = context.processes[0]
+    survivor.join(timeout=100)
+    seconds = time.monotonic() - start
+    assert survivor.exitcode == 1, "rank 0 should have stopped with an error"
+    print(f"heartbeat: rank 0 stopped {seconds:.1f} s after its peer died (peer_timeout 20 s)")
+    assert seconds < 60
