@@ -16,8 +16,9 @@ from .test_distributed import free_port
 LAUNCHER_VARIABLES = ("SLURM_", "LT_", "TORCHELASTIC_", "MASTER_", "PMI_", "OMPI_")  # what a shell may carry over
 
 
-def srun_environment(rank: int, port: int) -> dict[str, str]:
-    """What `srun` sets for task `rank` of a 1-node, 2-task job (sbatch --nodes=1 --ntasks-per-node=2)."""
+def srun_environment(rank: int, port: int, nodes: int) -> dict[str, str]:
+    """What `srun` sets for task `rank` of a 2-task job on `nodes` nodes (--ntasks-per-node=2/nodes)."""
+    per_node = 2 // nodes
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES)}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(name, None)
@@ -25,24 +26,27 @@ def srun_environment(rank: int, port: int) -> dict[str, str]:
         **env,
         "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),  # this checkout's fedur
         "HF_HUB_OFFLINE": "1",
-        "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "fedur-test", "SLURM_NNODES": "1", "SLURM_NODELIST": "localhost",
-        "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_CPUS_PER_TASK": "1",
-        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0",
+        "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "fedur-test", "SLURM_NNODES": str(nodes),
+        "SLURM_NODELIST": "localhost", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": str(per_node),
+        "SLURM_CPUS_PER_TASK": "1", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % per_node),
+        "SLURM_NODEID": str(rank // per_node),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),  # else Lightning derives them from the job
     }
 
 
-def test_srun_tasks_become_ranks_and_host_contiguous_client_blocks(tmp_path):
-    run_dir, port = tmp_path / "run", free_port()
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_srun_tasks_become_ranks_and_host_contiguous_client_blocks(tmp_path, nodes):
+    """2 tasks on 1 node, and 1 task on each of 2 (simulated) nodes: node-major ranks, contiguous clients."""
+    run_dir, port, per_node = tmp_path / "run", free_port(), 2 // nodes
     command = [  # the srun line of launch/slurm.sbatch, on CPU and without resume
         sys.executable, "fedur/main.py", "--config", "configs/smoke.yaml", "--federation.rounds", "1",
         "--run.output_dir", str(run_dir), "--run.threads", "1", "--fabric.accelerator", "cpu",
-        "--fabric.num_nodes", "1", "--fabric.devices", "2",
+        "--fabric.num_nodes", str(nodes), "--fabric.devices", str(per_node),
     ]
     tasks = []
     for rank in range(2):
         out, err = open(tmp_path / f"out{rank}", "w"), open(tmp_path / f"err{rank}", "w")
-        tasks.append(subprocess.Popen(command, cwd=REPO, env=srun_environment(rank, port), stdout=out, stderr=err))
+        tasks.append(subprocess.Popen(command, cwd=REPO, env=srun_environment(rank, port, nodes), stdout=out, stderr=err))
     codes = []
     for task in tasks:
         try:
@@ -56,13 +60,14 @@ def test_srun_tasks_become_ranks_and_host_contiguous_client_blocks(tmp_path):
     assert placement["cluster_environment"] == "SLURMEnvironment" and placement["world_size"] == 2
     assert placement["ranks"] == [
         {"rank": 0, "node": 0, "local_rank": 0, "clients": [0, 1]},
-        {"rank": 1, "node": 0, "local_rank": 1, "clients": [2, 3]},
+        {"rank": 1, "node": 1 if nodes == 2 else 0, "local_rank": 0 if nodes == 2 else 1, "clients": [2, 3]},
     ]
     assert [r["clients"] for r in placement["ranks"]] == [clients_on_rank(4, 2, r) for r in range(2)]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["placement"] == placement
     assert sorted(p.name for p in (run_dir / "prompts").glob("client_*.pt")) == [f"client_00{k}.pt" for k in range(4)]
-    assert "rank 1 (node 0, local rank 1) hosts clients [2, 3]" in stdout[0] and "round   1/1" in stdout[0]
+    where = "node 1, local rank 0" if nodes == 2 else "node 0, local rank 1"
+    assert f"rank 1 ({where}) hosts clients [2, 3]" in stdout[0] and "round   1/1" in stdout[0]
     assert stdout[1] == "", "only rank 0 prints"
 
 
