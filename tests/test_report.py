@@ -100,3 +100,24 @@ def test_line_plot_of_no_or_one_point():
     empty = line_plot({"a": ([], [])}, "t", "x", "y")  # a run stopped before its first round
     single = line_plot({"a": ([0], [1.0])}, "t", "x", "y")
     assert 0 < count(empty) < count(single)  # the legend; then also the dot
+
+
+def test_report_of_real_runs_through_the_console_script(tmp_path):
+    """Two smoke runs written by fedur itself (so the report follows the run format), reported by the
+    installed `python -m fedur.report` entry."""
+    from fedur.main import parse_config, run
+
+    for name, extra in (("fedur", []), ("fedcopl", ["--fedur.class_weights", "none", "--fedur.negatives", "none"])):
+        cfg, config_yaml = parse_config(["--config", "configs/smoke.yaml", "--federation.rounds", "2",
+                                         "--run.output_dir", str(tmp_path / name), *extra])
+        run(cfg, config_yaml)
+    out = tmp_path / "report"
+    result = subprocess.run([sys.executable, "-m", "fedur.report", str(tmp_path / "fedur"), str(tmp_path / "fedcopl"),
+                             "--out", str(out)], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    markdown = (out / "report.md").read_text()
+    assert "| fedur | synthetic | dirichlet (beta 0.5) | 4 | 2/2 |" in markdown
+    assert "| fedcopl | synthetic |" in markdown and "complete" in markdown
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "accuracy_clients_fedcopl.png", "accuracy_clients_fedur.png", "accuracy_mean.png",
+    ]
