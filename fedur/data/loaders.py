@@ -127,5 +127,5 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         drop_last=False,
-        persistent_workers=False,
+        persistent_workers=num_workers > 0,  # one set of workers for all epochs of a client's round
     )
