@@ -134,3 +134,10 @@ def test_feature_skew_runs_end_to_end_with_one_domain_per_client(tmp_path):
         assert list(summary["final_domain_accuracy"]) == ["clipart", "infograph", "painting", "quickdraw", "real", "sketch"]
         partition = json.loads((run_dir / "partition.json").read_text())
         assert sum(map(sum, partition["train"])) == 6 * 10 * 2
+
+
+def test_step_losses_are_printed_every_n_steps(tmp_path, capsys):
+    run_smoke(tmp_path, "--run.log_every_n_steps", "1", "--federation.local_epochs", "1")
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  client ")]
+    assert {line[1] for line in lines} == {"0", "1", "2", "3"} and all(float(line[-1]) >= 0 for line in lines)
+    assert [line[3] for line in lines if line[1] == "0"][0] == "1"  # "client 0 step 1 loss x"
