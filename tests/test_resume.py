@@ -24,7 +24,12 @@ from .conftest import REPO
 from .test_distributed import free_port
 
 ROUNDS = 3
-SMOKE = ["--config", "configs/smoke.yaml", "--federation.rounds", str(ROUNDS), "--run.keep_checkpoints", "5"]
+# Each client keeps its SGD momentum across rounds, so the checkpoints carry optimizer state that
+# a resume must restore exactly.
+SMOKE = [
+    "--config", "configs/smoke.yaml", "--federation.rounds", str(ROUNDS), "--run.keep_checkpoints", "5",
+    "--optim.optimizer_state", "client",
+]
 TIMING = {"round_seconds", "wall_seconds"}
 
 
@@ -111,6 +116,7 @@ def test_every_round_is_committed_and_old_ones_pruned(reference, tmp_path):
     client = checkpoint.load(checkpoint.client_file(checkpoint.latest(reference).folder, 3))
     assert set(client) >= {"visual", "text_ctx", "optimizer_state", "pseudo_labels", "train_indices"}
     assert client["pseudo_labels"]["negatives"].dtype == torch.bool
+    assert client["optimizer_state"]["state"][0]["momentum_buffer"].abs().sum() > 0  # compared after every resume
     shared = checkpoint.load(checkpoint.latest(reference).folder / "global.pt")
     assert shared["refresh"]["class_weights"].shape == (5,)
 
