@@ -141,3 +141,12 @@ def test_step_losses_are_printed_every_n_steps(tmp_path, capsys):
     lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  client ")]
     assert {line[1] for line in lines} == {"0", "1", "2", "3"} and all(float(line[-1]) >= 0 for line in lines)
     assert [line[3] for line in lines if line[1] == "0"][0] == "1"  # "client 0 step 1 loss x"
+
+
+def test_the_image_cache_changes_nothing_but_speed(tmp_path):
+    """Cached uint8 pixels normalised by the model give the very numbers of CLIP's per-sample preprocess."""
+    rows = []
+    for cache in ("true", "false"):
+        _, row = run_smoke(tmp_path / cache, "--data.cache", cache)
+        rows.append({k: v for k, v in row.items() if k != "round_seconds"})
+    assert rows[0] == rows[1]
