@@ -48,11 +48,9 @@ def run_variant(name: str, seed: int, args: argparse.Namespace, data_root: Path,
     if (out / "summary.json").exists():
         print(f"[{name}] done before: {out}")
         return json.loads((out / "summary.json").read_text())
-    if out.exists():  # an interrupted run: start it again
-        for path in sorted(out.rglob("*"), reverse=True):
-            path.unlink() if path.is_file() else path.rmdir()
     cmd = [
         sys.executable, str(REPO / "fedur" / "main.py"),
+        "--run.resume", "auto",  # an interrupted run continues from its last committed round
         "--model.name", "tinyclip-teacher-a",
         "--model.config_file", str(tiny / "tinyclip-teacher-a.json"),
         "--model.pretrained", str(tiny / "tinyclip-teacher-a.pt"),

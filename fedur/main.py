@@ -84,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str, Namespace]:
 def validate(cfg: Config) -> None:
     """Reject bad settings before anything is loaded or launched."""
     fed, method, optim, model, data = cfg.federation, cfg.fedur, cfg.optim, cfg.model, cfg.data
+    ranks = expected_world_size(cfg.fabric)
     checks = [
         (fed.num_clients >= 1, f"federation.num_clients must be >= 1, got {fed.num_clients}"),
         (fed.rounds >= 1, f"federation.rounds must be >= 1, got {fed.rounds}"),
@@ -114,8 +115,8 @@ def validate(cfg: Config) -> None:
         (cfg.run.peer_timeout > 0, f"run.peer_timeout must be > 0 seconds, got {cfg.run.peer_timeout}"),
         (cfg.run.wait_timeout > 0, f"run.wait_timeout must be > 0 seconds, got {cfg.run.wait_timeout}"),
         (cfg.run.requeue_deadline > 0, f"run.requeue_deadline must be > 0 seconds, got {cfg.run.requeue_deadline}"),
-        (fed.num_clients >= expected_world_size(cfg.fabric), f"federation.num_clients={fed.num_clients} is fewer "
-         f"than the {expected_world_size(cfg.fabric)} ranks launched; every rank needs at least one client"),
+        (fed.num_clients >= ranks, f"federation.num_clients={fed.num_clients} is fewer "
+         f"than the {ranks} ranks launched; every rank needs at least one client"),
     ]
     for ok, message in checks:
         if not ok:
@@ -182,12 +183,8 @@ def settings_diff(saved: dict, now: dict) -> list[str]:
     missing = "<absent>"
     return [
         f"{key}: {saved.get(key, missing)!r} (checkpoint) -> {now.get(key, missing)!r} (now)"
-        for key in keys if _plain(saved.get(key, missing)) != _plain(now.get(key, missing))
+        for key in keys if saved.get(key, missing) != now.get(key, missing)
     ]
-
-
-def _plain(value):
-    return list(value) if isinstance(value, tuple) else value
 
 
 def expected_world_size(settings: FabricConfig) -> int:
@@ -298,8 +295,7 @@ def check_data(cfg: Config) -> None:
     from fedur.data.inspect import dataset_report
     from fedur.train.setup import load_data
 
-    check_available(cfg.data.name, cfg.data.root, cfg.data.download, domains=cfg.data.domains)
-    print(dataset_report(load_data(cfg)))
+    print(dataset_report(load_data(cfg)))  # every loader checks its layout first
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,7 @@
 import os
+import socket
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,30 @@ def shared_dir() -> Path:
     if not (path / "assets" / "tiny-clip").is_dir():
         pytest.skip(f"{SHARED_ENV}={value} has no assets/tiny-clip")
     return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tensorboard_events(log_dir: Path) -> dict[str, dict[str, list[int]]]:
+    """kind (scalars, images, text, hparams) -> tag -> steps, from every event file under log_dir (Lightning
+    writes hparams into the run's file, SummaryWriter.add_hparams into a subfolder: read them all)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    found: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                found[value.metadata.plugin_data.plugin_name or value.WhichOneof("value")][value.tag].append(event.step)
+    return found
+
+
+def scalar_curve(log_dir: Path, tag: str, digits: int | None = None) -> list[tuple[int, float]]:
+    """(step, value) as TensorBoard shows them: EventAccumulator applies purge_step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir)).Reload().Scalars(tag)
+    return [(e.step, e.value if digits is None else round(e.value, digits)) for e in events]

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,16 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import REPO
-from .train.test_recorder import tensorboard_events
+from .conftest import REPO, free_port, tensorboard_events
 
 ROUNDS = "3"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:

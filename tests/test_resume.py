@@ -20,8 +20,7 @@ from fedur.main import parse_config, run
 from fedur.train import checkpoint
 from fedur.train.faults import InjectedFault
 
-from .conftest import REPO
-from .test_distributed import free_port
+from .conftest import REPO, free_port, scalar_curve
 
 ROUNDS = 3
 # Each client keeps its SGD momentum across rounds, so the checkpoints carry optimizer state that
@@ -46,6 +45,14 @@ def launch(args: list[str], fabric_ranks: int = 0, timeout: int = 300, **popen) 
     else:
         cmd = [sys.executable, "fedur/main.py"]
     return subprocess.Popen([*cmd, *SMOKE, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def tensors_of(obj) -> dict[str, torch.Tensor]:
+    """Flat {dotted name: tensor} of a nested checkpoint payload."""
+    if isinstance(obj, torch.Tensor):
+        return {"": obj}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    return {f"{key}.{name}".rstrip("."): t for key, value in items for name, t in tensors_of(value).items()}
 
 
 def timed_output(process: subprocess.Popen, timeout: float = 300) -> tuple[str, list[tuple[float, str]]]:
@@ -74,25 +81,17 @@ def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the final prompts and of the last committed checkpoint."""
     tensors = {}
     for path in sorted((run_dir / "prompts").glob("*.pt")):
-        tensors.update({f"prompts/{path.name}:{k}": v for k, v in checkpoint.tensors_of(torch.load(path, weights_only=True)).items()})
+        tensors.update({f"prompts/{path.name}:{k}": v for k, v in tensors_of(torch.load(path, weights_only=True)).items()})
     last = checkpoint.latest(run_dir)
     for path in sorted(last.folder.glob("*.pt")):
-        tensors.update({f"{last.folder.name}/{path.name}:{k}": v for k, v in checkpoint.tensors_of(checkpoint.load(path)).items()})
+        tensors.update({f"{last.folder.name}/{path.name}:{k}": v for k, v in tensors_of(checkpoint.load(path)).items()})
     return tensors
-
-
-def scalar_curve(run_dir: Path, tag: str = "accuracy/mean") -> list[tuple[int, float]]:
-    """(step, value) of a TensorBoard scalar as TensorBoard shows it (purged steps dropped)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert metrics(run_dir) == metrics(reference)
-    assert scalar_curve(run_dir) == scalar_curve(reference)  # the same TensorBoard run, continued
+    curves = [scalar_curve(d / "tensorboard", "accuracy/mean") for d in (run_dir, reference)]
+    assert curves[0] == curves[1]  # the same TensorBoard run, continued
     got, want = final_state(run_dir), final_state(reference)
     assert got.keys() == want.keys()
     different = [name for name in want if not torch.equal(got[name], want[name])]

@@ -10,8 +10,7 @@ import pytest
 
 from fedur.federated.placement import clients_on_rank
 
-from .conftest import REPO
-from .test_distributed import free_port
+from .conftest import REPO, free_port
 
 LAUNCHER_VARIABLES = ("SLURM_", "LT_", "TORCHELASTIC_", "MASTER_", "PMI_", "OMPI_")  # what a shell may carry over
 

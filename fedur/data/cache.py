@@ -201,7 +201,7 @@ def _decoded(
             if geometric is not None:
                 _check_space(file.parent, int(np.prod(shape)))
                 pixels = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
-            decoded = _decode_all(split, _Decode(split, geometric, image_size), workers, progress, what)
+            decoded = _decode_all(_Decode(split, geometric, image_size), workers, progress, what)
             for index, image, error in decoded:
                 if error is not None:
                     corrupt.append({"index": index, "path": _name(split, index), "error": error})
@@ -240,14 +240,14 @@ class _Decode(Dataset):
         return index, pixels, None
 
 
-def _decode_all(split: ImageSplit, dataset: _Decode, workers: int, progress: Progress | None, what: str):
+def _decode_all(dataset: _Decode, workers: int, progress: Progress | None, what: str):
     loader = DataLoader(dataset, batch_size=32, num_workers=workers, collate_fn=list)
     done = 0
     for batch in loader:
         yield from batch
         done += len(batch)
         if progress is not None:
-            progress(what, done, len(split))
+            progress(what, done, len(dataset))
 
 
 def _read_record(file: Path, key: str) -> dict | None:

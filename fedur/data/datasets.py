@@ -78,7 +78,7 @@ def build_dataset(
     else:
         path = Path(_require_root(name, root))
         if name == "imagefolder":
-            dataset = load_imagefolder(str(path), classnames_file)
+            dataset = load_imagefolder(str(path))
         elif name in ("cifar10", "cifar100"):
             dataset = load_cifar(name, str(path), download)
         elif name == "dtd":
@@ -95,7 +95,7 @@ def build_dataset(
             dataset = load_officehome(path, domains, holdout_fraction, holdout_seed)
         else:
             raise DataUnavailableError(f"unknown data.name={name!r}; use one of {', '.join(DATASETS)}")
-    if classnames_file is not None and name != "imagefolder":
+    if classnames_file is not None:
         dataset.classnames = read_classnames(classnames_file, dataset.classnames)
     if template is not None:
         if template.count("{}") != 1:

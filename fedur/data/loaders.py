@@ -27,10 +27,10 @@ class MappedImages:
     """
 
     def __init__(self, path: str, rows: np.ndarray | None = None):
-        self.path, self.rows, self._map = path, rows, None
-        file_rows, *pixel_shape = np.load(path, mmap_mode="r").shape
+        self.path, self.rows = path, rows
+        self._map = np.load(path, mmap_mode="r")  # reopened lazily after unpickling
+        file_rows, *pixel_shape = self._map.shape
         self.shape = (file_rows if rows is None else len(rows), *pixel_shape)
-        self.dtype = np.dtype(np.uint8)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -39,9 +39,6 @@ class MappedImages:
         if self._map is None:
             self._map = np.load(self.path, mmap_mode="r")
         return self._map[index if self.rows is None else self.rows[index]]
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return np.asarray(self[np.arange(len(self))], dtype=dtype)  # the whole split, in memory
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_map": None}
@@ -127,5 +124,5 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         drop_last=False,
-        persistent_workers=num_workers > 0,  # one set of workers for all epochs of a client's round
+        persistent_workers=generator is not None and num_workers > 0,  # training: one set of workers for all epochs
     )

@@ -103,7 +103,6 @@ def quantity_split(
     class_fraction: float,
     seed: int,
     min_train: int = 1,
-    num_classes: int | None = None,
 ) -> tuple[Parts, Parts]:
     """Quantity-based label skew as in FedCoPL (`prepare_dataset_UL_fed`, "noniid-labeldir").
 
@@ -124,8 +123,7 @@ def quantity_split(
     _check_split_args(train_labels, num_clients, min_train)
     if not 0 < class_fraction <= 1:
         raise PartitionError(f"federation.class_fraction must be in (0, 1], got {class_fraction}")
-    if num_classes is None:
-        num_classes = int(max(train_labels.max(), test_labels.max(initial=0))) + 1
+    num_classes = int(max(train_labels.max(), test_labels.max(initial=0))) + 1
     class_per_client = num_classes * class_fraction
     owners_per_class = int(num_clients / num_classes * class_per_client)  # the reference's expression
     if owners_per_class < 1:

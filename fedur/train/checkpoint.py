@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
 if TYPE_CHECKING:
     from lightning import Fabric
@@ -67,12 +66,11 @@ def atomic_write_text(text: str, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def clear_uncommitted(run_dir: Path, round_idx: int) -> Path:
+def clear_uncommitted(run_dir: Path, round_idx: int) -> None:
     """Rank 0, before a save: remove what an interrupted save of this round left behind."""
     folder = round_folder(run_dir, round_idx)
     if folder.exists() and not (folder / MARKER).exists():
         shutil.rmtree(folder)
-    return folder
 
 
 def commit(folder: Path, round_idx: int, marker: dict, global_state: dict) -> None:
@@ -199,21 +197,3 @@ def _round_of(folder: Path) -> int | None:
         return int(folder.name.removeprefix("round_"))
     except ValueError:
         return None
-
-
-def tensors_of(obj) -> dict[str, Tensor]:
-    """Flat {dotted name: tensor} of a nested checkpoint payload (for comparisons in tests and tools)."""
-    out: dict[str, Tensor] = {}
-
-    def walk(value, name: str) -> None:
-        if isinstance(value, Tensor):
-            out[name] = value
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{name}.{key}" if name else str(key))
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                walk(item, f"{name}.{i}")
-
-    walk(obj, "")
-    return out

@@ -127,7 +127,7 @@ def train_client(
             sums += torch.stack([out["loss"].detach(), out["loss_pos"], out["loss_neg"]]).float()
             steps += 1
             if log_every_n_steps and steps % log_every_n_steps == 0:
-                print(f"  client {client.client_id} step {steps} loss {out['loss'].item():.4f}", flush=True)  # every rank
+                progress.write(f"  client {client.client_id} step {steps} loss {out['loss'].item():.4f}")  # every rank
     client.visual, client.text_ctx = model.prompts()
     means = (sums / max(steps, 1)).tolist()  # device-to-host sync, once per client-round
     return LocalResult(*means, optimizer_state=copy.deepcopy(optimizer.state_dict()))

@@ -81,9 +81,8 @@ def fit(
         recorder.record_zero_shot(zero_shot)
         refresh, carried_optimizer = None, None  # carried: optim.optimizer_state=shared passes momentum client to client
     else:
-        shared.update(resumed["shared"])
-        recorder.zero_shot = resumed["zero_shot"]
-        refresh, carried_optimizer = Refresh.from_state(resumed["refresh"]), resumed["carried_optimizer"]
+        shared.update(resumed["shared"])  # the recorder reloads zero-shot results and metrics from the run directory
+        refresh, carried_optimizer = Refresh(**resumed["refresh"]), resumed["carried_optimizer"]
         tuner.class_weights = refresh.class_weights
         if fabric.is_global_zero:
             progress.write(f"resumed from {resume.folder} (round {start_round + 1} of {fed.rounds} is next)")
@@ -115,13 +114,13 @@ def fit(
 
         uploads = (weights > 0) * upload_bytes + (2 * dataset.num_classes * INT64_BYTES if refreshed else 0)
         recorder.record_round(round_record(
-            round_idx, cfg, refresh, refreshed, joined, weights, accuracy, losses, uploads,
+            round_idx, fed.rounds, refresh, refreshed, joined, weights, accuracy, losses, uploads,
             lr=tuner.learning_rate((round_idx % fed.refresh_every) * fed.local_epochs),
             seconds=time.perf_counter() - round_start,
         ))
         global_state = {
-            "shared": {name: t.cpu() for name, t in shared.items()}, "refresh": refresh.state_dict(),
-            "carried_optimizer": carried_optimizer, "zero_shot": recorder.zero_shot,
+            "shared": {name: t.cpu() for name, t in shared.items()}, "refresh": vars(refresh),
+            "carried_optimizer": carried_optimizer,
             "wall_seconds": wall_before + time.perf_counter() - start_time,  # over every session of the run
         }
         checkpoint.save_round(

@@ -25,6 +25,7 @@ from lightning import Fabric
 from lightning.fabric.loggers import TensorBoardLogger
 from torch import Tensor
 
+from fedur.data.partition import class_histogram
 from fedur.federated.collectives import Collectives
 from fedur.plots import chw, heatmap
 from fedur.train.progress import Progress, eta_seconds, format_duration
@@ -52,13 +53,9 @@ def client_histograms(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(K, C) class counts of every client's train and of its test images, gathered from the ranks that
     host the clients. Every rank must call this."""
-    local = {
-        c.client_id: torch.from_numpy(np.concatenate([
-            np.bincount(train_labels[c.train_indices], minlength=num_classes),
-            np.bincount(test_labels[c.test_indices], minlength=num_classes),
-        ])).long()
-        for c in clients
-    }
+    train = class_histogram(train_labels, [c.train_indices for c in clients], num_classes)  # (n_local, C)
+    test = class_histogram(test_labels, [c.test_indices for c in clients], num_classes)
+    local = {c.client_id: torch.from_numpy(np.concatenate([train[i], test[i]])).long() for i, c in enumerate(clients)}
     both = collectives.gather_clients(local, num_clients, like=torch.zeros(2 * num_classes, dtype=torch.long), what="class histograms").numpy()
     return both[:, :num_classes], both[:, num_classes:]  # (K, C) each
 
@@ -81,6 +78,12 @@ def resume_rounds(path: Path, count: int, truncate: bool) -> list[dict]:
     return rows
 
 
+def best(values: list[float | None]) -> tuple[float | None, int]:
+    """The largest present value and its index (the first on ties; (None, 0) when none is present)."""
+    present = [(v, i) for i, v in enumerate(values) if v is not None]
+    return max(present, key=lambda p: p[0]) if present else (None, 0)
+
+
 def summary_table(rounds: list[dict], zero_shot: list[float | None] | None) -> str:
     """Per client: zero-shot, final and best accuracy (%) with its round, selected count in the final
     round; then the mean over clients (best: of the mean curve)."""
@@ -89,12 +92,12 @@ def summary_table(rounds: list[dict], zero_shot: list[float | None] | None) -> s
     lines = []
     for k in range(num_clients):
         curve = [r["client_accuracy"][k] for r in rounds]
-        best = max(range(len(curve)), key=lambda i: -1.0 if curve[i] is None else curve[i])
-        lines.append([f"{k}", _fmt(zero_shot[k]), _fmt(curve[-1]), _fmt(curve[best]), f"{best + 1}",
+        value, at = best(curve)
+        lines.append([f"{k}", _fmt(zero_shot[k]), _fmt(curve[-1]), _fmt(value), f"{at + 1}",
                       f"{rounds[-1]['selected'][k]}"])
-    best = max(rounds, key=lambda r: -1.0 if r["mean_accuracy"] is None else r["mean_accuracy"])
-    lines.append(["mean", _fmt(mean(zero_shot)), _fmt(rounds[-1]["mean_accuracy"]), _fmt(best["mean_accuracy"]),
-                  f"{best['round'] + 1}", f"{sum(rounds[-1]['selected']) / num_clients:.0f}"])
+    value, at = best([r["mean_accuracy"] for r in rounds])
+    lines.append(["mean", _fmt(mean(zero_shot)), _fmt(rounds[-1]["mean_accuracy"]), _fmt(value),
+                  f"{rounds[at]['round'] + 1}", f"{sum(rounds[-1]['selected']) / num_clients:.0f}"])
     header = ["client", "zero-shot", "final", "best", "at round", "selected"]
     widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header, *lines])
@@ -268,12 +271,12 @@ class Recorder:
 
     def finish(self, settings: dict, extra: dict) -> dict:
         final = self.rounds[-1] if self.rounds else {}
-        best = max(self.rounds, key=lambda r: r["mean_accuracy"] or -1.0) if self.rounds else {}
+        top = self.rounds[best([r["mean_accuracy"] for r in self.rounds])[1]] if self.rounds else {}
         summary = {
             "final_mean_accuracy": final.get("mean_accuracy"),
             "final_client_accuracy": final.get("client_accuracy"),
-            "best_mean_accuracy": best.get("mean_accuracy"),
-            "best_round": best.get("round"),
+            "best_mean_accuracy": top.get("mean_accuracy"),
+            "best_round": top.get("round"),
             **self.zero_shot,
             "rounds_completed": len(self.rounds),
             **extra,

@@ -38,13 +38,6 @@ class Refresh:
     label_hits: Tensor  # (K, 2) selected samples whose pseudo-label is right, and selected samples (monitoring)
     class_weights: Tensor | None  # (C,) global weights of L_pos
 
-    def state_dict(self) -> dict:
-        return dict(vars(self))
-
-    @classmethod
-    def from_state(cls, state: dict) -> "Refresh":
-        return cls(**state)
-
 
 def refresh_pseudo_labels(
     fabric: Fabric,

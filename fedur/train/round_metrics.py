@@ -14,7 +14,7 @@ from fedur.train.refresh import Refresh
 
 def round_record(
     round_idx: int,
-    cfg: Config,
+    rounds: int,
     refresh: Refresh,
     refreshed: bool,
     joined: Tensor,
@@ -34,7 +34,7 @@ def round_record(
 
     return {
         "round": round_idx,
-        "rounds": cfg.federation.rounds,
+        "rounds": rounds,
         "mean_accuracy": mean(client_acc),
         "client_accuracy": client_acc,
         "pseudo_label_accuracy": accuracies(refresh.label_hits),

@@ -2,8 +2,6 @@
 
 import io
 import json
-from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +12,8 @@ from fedur.federated.collectives import Collectives
 from fedur.train.progress import Progress, eta_seconds, format_duration
 from fedur.train.recorder import Recorder, ResumeError, client_histograms, summary_table
 
+from ..conftest import scalar_curve, tensorboard_events
+
 
 class OneRank:
     """What the recorder and Collectives need from Fabric, for a single process."""
@@ -21,26 +21,6 @@ class OneRank:
     is_global_zero, global_rank, node_rank, local_rank, world_size = True, 0, 0, 0, 1
     device = torch.device("cpu")
     strategy = SimpleNamespace()  # no cluster_environment: a single-device run
-
-
-def tensorboard_events(log_dir: Path) -> dict[str, dict[str, list[int]]]:
-    """kind (scalars, images, text, hparams) -> tag -> steps, from every event file under log_dir (Lightning
-    writes hparams into the run's file, SummaryWriter.add_hparams into a subfolder: read them all)."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-
-    found: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
-        for event in EventFileLoader(str(path)).Load():
-            for value in event.summary.value:
-                found[value.metadata.plugin_data.plugin_name or value.WhichOneof("value")][value.tag].append(event.step)
-    return found
-
-
-def scalar_curve(log_dir: Path, tag: str) -> list[tuple[int, float]]:
-    """(step, value) as TensorBoard shows them: EventAccumulator applies purge_step."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    return [(e.step, round(e.value, 4)) for e in EventAccumulator(str(log_dir)).Reload().Scalars(tag)]
 
 
 def row(round_idx: int, accuracy: list[float | None], rounds: int = 4, selected=(5, 3)) -> dict:
@@ -88,8 +68,8 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
     assert (resumed / "metrics.jsonl").read_bytes() == (straight / "metrics.jsonl").read_bytes()
     assert json.loads((resumed / "summary.json").read_text()) == json.loads((straight / "summary.json").read_text())
     expected = [(0, 20.0), (1, 30.0), (2, 40.0), (3, 52.5), (4, 52.5)]
-    assert scalar_curve(straight / "tensorboard", "accuracy/mean") == expected
-    assert scalar_curve(resumed / "tensorboard", "accuracy/mean") == expected  # 99.0 at step 3 is purged
+    assert scalar_curve(straight / "tensorboard", "accuracy/mean", digits=4) == expected
+    assert scalar_curve(resumed / "tensorboard", "accuracy/mean", digits=4) == expected  # 99.0 at step 3 is purged
 
 
 def test_resume_without_the_rounds_it_needs_says_so(tmp_path):
