@@ -8,6 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from jsonargparse.typing import (
+    NonNegativeFloat,
+    NonNegativeInt,
+    OpenUnitInterval,
+    PositiveFloat,
+    PositiveInt,
+    restricted_number_type,
+)
+
+# The annotations are the CLI's validation and show in --help: a value outside its range stops the
+# run at parse time with the key and the restriction.
+Fraction = restricted_number_type("Fraction", float, [(">", 0), ("<=", 1)], join="and", docstring="float in (0, 1]")
+
 
 @dataclass
 class ModelConfig:
@@ -22,15 +35,15 @@ class ModelConfig:
     """Local open_clip model-config JSON for a custom architecture; its file stem becomes a model name."""
     cache_dir: str | None = None
     """Where downloaded weights are cached (default: the Hugging Face cache)."""
-    n_ctx: int = 16
+    n_ctx: NonNegativeInt = 16
     """Learnable text context vectors (CoOp, shared by all classes, class name at the end); personal to
     each client. 0 disables the text prompt."""
-    ctx_init_std: float = 0.02
+    ctx_init_std: NonNegativeFloat = 0.02
     """Standard deviation of the N(0, std^2) init of both prompts."""
-    visual_tokens: int = 5
+    visual_tokens: NonNegativeInt = 5
     """Deep visual prompt tokens appended after the patch tokens at each prompted block; shared by all
     clients. 0 disables the visual prompt."""
-    visual_depth: int | None = None
+    visual_depth: PositiveInt | None = None
     """Prompted blocks, counted from the first; null means all blocks but the last (11 for ViT-B)."""
 
 
@@ -60,7 +73,7 @@ class DataConfig:
     """DomainNet classes: the 10-class subset of federated work (FedBN, FedOTP) or all 345."""
     ucf101_include_val: bool = False
     """UCF101 from CoOp's split_zhou_UCF101.json: add its "val" images to the train split (unknown in the paper)."""
-    holdout_fraction: float = 0.2
+    holdout_fraction: OpenUnitInterval = 0.2
     """Datasets without an official test split (officehome): seeded, stratified share of each domain and
     class held out as the test split."""
     holdout_seed: int = 0
@@ -74,19 +87,19 @@ class DataConfig:
     corrupt_images: Literal["stop", "skip"] = "stop"
     """An image that cannot be decoded stops the run with its path ('stop'), or is left out and counted in
     the run's summary ('skip')."""
-    train_fraction: float = 1.0
+    train_fraction: Fraction = 1.0
     """Keep this stratified, seeded fraction of the train split (for quick experiments)."""
-    test_fraction: float = 1.0
+    test_fraction: Fraction = 1.0
     """Keep this stratified, seeded fraction of the test split."""
     synthetic_classes: int = 5
     """Synthetic data: number of classes."""
-    synthetic_train_per_class: int = 60
+    synthetic_train_per_class: PositiveInt = 60
     """Synthetic data: train images per class."""
-    synthetic_test_per_class: int = 20
+    synthetic_test_per_class: PositiveInt = 20
     """Synthetic data: test images per class."""
-    synthetic_image_size: int = 32
+    synthetic_image_size: PositiveInt = 32
     """Synthetic data: side of the generated images in pixels."""
-    num_workers: int = 2
+    num_workers: NonNegativeInt = 2
     """DataLoader worker processes per rank (0 decodes in the main process)."""
 
 
@@ -94,28 +107,29 @@ class DataConfig:
 class FederationConfig:
     """Clients, rounds and how the data is split among the clients."""
 
-    num_clients: int = 10
-    """Number of clients K (the paper: 10; 5 for CUB and UCF101). Must be at least the number of ranks."""
-    rounds: int = 20
+    num_clients: PositiveInt = 10
+    """Number of clients K (the paper: 10; 5 for CUB and UCF101). With fewer clients than ranks, the
+    spare ranks host none and still take part in every exchange."""
+    rounds: PositiveInt = 20
     """Communication rounds R."""
-    local_epochs: int = 10
+    local_epochs: PositiveInt = 10
     """Local epochs per round."""
-    refresh_every: int = 5
+    refresh_every: PositiveInt = 5
     """Pseudo-labels are recomputed every this many rounds (round 0 with zero-shot CLIP)."""
     partition: Literal["dirichlet", "quantity", "domain", "domain_dirichlet", "iid"] = "dirichlet"
     """How the data is split across clients: Dirichlet label skew (one draw per class shared by train and
     test), quantity-based label skew (each client holds `class_fraction` of the classes), feature skew (one
     client per domain), domain + Dirichlet (each domain split over `clients_per_domain` clients), or IID."""
-    beta: float = 0.1
+    beta: PositiveFloat = 0.1
     """Dirichlet concentration; smaller means more skew (the paper: 0.1 and 0.05)."""
-    class_fraction: float = 0.2
+    class_fraction: Fraction = 0.2
     """Quantity skew: share of the classes each client holds; each class goes to int(class_fraction * K) clients."""
-    clients_per_domain: int = 3
+    clients_per_domain: PositiveInt = 3
     """domain_dirichlet: clients per domain (the paper: 3 or 5); num_clients must equal it times the domains."""
-    min_train_per_client: int = 10
+    min_train_per_client: PositiveInt = 10
     """Every client must hold at least this many train images (the Dirichlet split is redrawn until it
     does; the other splits refuse to start)."""
-    join_rate: float = 1.0
+    join_rate: Fraction = 1.0
     """Fraction of clients that train in a round, sampled uniformly per round (1.0: all clients)."""
 
 
@@ -133,9 +147,9 @@ class FedURConfig:
     entropy_filter: bool = True
     """Estimate the class histogram only from samples whose entropy is below the client's
     (1 - `entropy_quantile`) quantile (Table 6 'Entropy')."""
-    confidence_quantile: float = 0.5
+    confidence_quantile: OpenUnitInterval = 0.5
     """Quantile of the top-1 probabilities used as the confidence threshold (0.5: the median)."""
-    entropy_quantile: float = 0.5
+    entropy_quantile: OpenUnitInterval = 0.5
     """The entropy threshold is the (1 - this) quantile of the entropies (0.5: the median)."""
     class_weights: Literal["inv", "inv_sqrt", "none"] = "inv"
     """Class weights of L_pos from the global selected distribution d_c: inverse frequency normalised to
@@ -146,9 +160,9 @@ class FedURConfig:
     """Negative pseudo-labels (Table 6 'Negative'): the lowest classes holding at most `tau_neg` of the
     probability mass ('mass'), classes with p < tau_neg ('threshold'), the ceil(tau_neg * C) lowest
     classes ('ratio'), the mass rule on the current model's detached p ('online'), or off ('none')."""
-    tau_neg: float = 0.2
+    tau_neg: OpenUnitInterval = 0.2
     """tau_neg of the negative rule."""
-    neg_loss_weight: float = 1.0
+    neg_loss_weight: NonNegativeFloat = 1.0
     """Weight of L_neg in L_pos + weight * L_neg (the paper: 1)."""
     share: Literal["visual", "both", "text", "none"] = "visual"
     """Prompts the server averages (FedUR sec. 3.5: visual only, text prompts stay personal). 'both' is
@@ -159,15 +173,15 @@ class FedURConfig:
 class OptimConfig:
     """Local prompt tuning: SGD with a cosine schedule over one pseudo-label period."""
 
-    lr: float = 0.1
+    lr: PositiveFloat = 0.1
     """Peak learning rate; cosine-decayed over refresh_every * local_epochs epochs, restarting at each refresh."""
-    momentum: float = 0.9
+    momentum: NonNegativeFloat = 0.9
     """SGD momentum."""
-    weight_decay: float = 0.05
+    weight_decay: NonNegativeFloat = 0.05
     """SGD weight decay."""
-    batch_size: int = 64
+    batch_size: PositiveInt = 64
     """Local training batch size."""
-    eval_batch_size: int = 256
+    eval_batch_size: PositiveInt = 256
     """Batch size for pseudo-labelling and evaluation."""
     optimizer_state: Literal["reset", "client", "shared"] = "reset"
     """SGD momentum: fresh for every client every round ('reset'), kept by each client across rounds
@@ -185,15 +199,15 @@ class RunConfig:
     run.output_dir holds a committed checkpoint, else start there; for requeued jobs), or a run directory."""
     force_resume: bool = False
     """Resume even when settings that change results differ from the checkpoint's (they are listed)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: PositiveInt = 2
     """Committed round checkpoints kept in <run>/checkpoints (older ones are deleted)."""
-    peer_timeout: float = 300.0
+    peer_timeout: PositiveFloat = 300.0
     """Seconds without a heartbeat from a peer rank (a dead process, a lost node) before the other ranks
     stop with an error."""
-    wait_timeout: float = 10800.0
+    wait_timeout: PositiveFloat = 10800.0
     """Seconds a rank waits in one collective for peers that are alive but still working (larger clients,
     building the image cache) before the run fails as stuck."""
-    requeue_deadline: float = 60.0
+    requeue_deadline: PositiveFloat = 60.0
     """After a requeue signal (run.requeue_on), rank 0 requeues the SLURM job at the latest this many
     seconds later, even in the middle of a round (the job is then ended and resumes from the last
     committed round). Keep it below the lead time of `#SBATCH --signal`."""
@@ -203,12 +217,12 @@ class RunConfig:
     """Test only: inject a failure, "<kill|raise|hang>:<train|commit>:<round>:<rank>" (fedur/train/faults.py)."""
     seed: int = 1
     """Seed of the split, the prompt init, and every client's data order (the paper: 1, 2, 3)."""
-    threads: int | None = None
+    threads: PositiveInt | None = None
     """CPU compute threads per rank; null: CPU cores / ranks on this node. Fix it to compare runs bitwise
     across different placements of clients on ranks."""
     deterministic: bool = True
     """Use deterministic algorithms (torch.use_deterministic_algorithms)."""
-    log_every_n_steps: int = 0
+    log_every_n_steps: NonNegativeInt = 0
     """Also print the local training loss every n optimizer steps (0: only per round)."""
     progress: bool = True
     """Rank 0 shows progress bars with the time left (rounds, clients, epochs, pseudo-labelling)."""
@@ -222,7 +236,7 @@ class FabricConfig:
     """Hardware accelerator."""
     devices: int | str = "auto"
     """Devices (ranks) per node."""
-    num_nodes: int = 1
+    num_nodes: PositiveInt = 1
     """Number of nodes."""
     strategy: str = "auto"
     """Fabric strategy (auto: ddp when there is more than one rank)."""

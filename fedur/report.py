@@ -20,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from fedur.plots import line_plot
+from fedur.metrics import best, fmt
+from fedur.plots import line_plot, save
 from fedur.train.progress import format_duration
 
 
@@ -94,13 +95,13 @@ def load_runs(paths: list[Path]) -> list[Run]:
 
 
 def _pct(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}"
+    return fmt(value, missing="")
 
 
-def _best(values: list[float | None]) -> tuple[float | None, int | None]:
-    """Best value and its round (1-based: the round count after which it was reached)."""
-    present = [(v, i + 1) for i, v in enumerate(values) if v is not None]
-    return max(present, key=lambda p: p[0]) if present else (None, None)
+def _best_at(values: list[float | None]) -> str:
+    """'best @ round' with the round counted as rounds completed (1-based); empty when no value."""
+    value, index = best(values)
+    return "" if value is None else f"{_pct(value)} @ {index + 1}"
 
 
 def run_row(run: Run) -> list[str]:
@@ -109,12 +110,11 @@ def run_row(run: Run) -> list[str]:
     if partition in ("dirichlet", "domain_dirichlet"):
         partition += f" (beta {fed.get('beta')})"
     means = [r["mean_accuracy"] for r in run.rounds]
-    best, at = _best(means)
     wall = run.summary.get("wall_seconds") if run.complete else sum(r["round_seconds"] for r in run.rounds)
     return [
         run.name, str(data.get("name", "?")), partition, str(fed.get("num_clients", "?")),
         f"{len(run.rounds)}/{fed.get('rounds', '?')}", _pct(run.zero_shot.get("zero_shot_client_mean")),
-        _pct(means[-1] if means else None), f"{_pct(best)} @ {at}" if best is not None else "",
+        _pct(means[-1] if means else None), _best_at(means),
         format_duration(wall) + ("" if run.complete else " so far"), "complete" if run.complete else "incomplete",
     ]
 
@@ -126,10 +126,9 @@ def client_rows(run: Run) -> list[list[str]]:
     rows = []
     for k in range(len(run.rounds[-1]["client_accuracy"])):
         curve = [r["client_accuracy"][k] for r in run.rounds]
-        best, at = _best(curve)
         rows.append([
             str(k), str(run.train_sizes[k]) if run.train_sizes else "", _pct(zero_shot[k] if k < len(zero_shot) else None),
-            _pct(curve[-1]), f"{_pct(best)} @ {at}" if best is not None else "", str(run.rounds[-1]["selected"][k]),
+            _pct(curve[-1]), _best_at(curve), str(run.rounds[-1]["selected"][k]),
         ])
     return rows
 
@@ -165,7 +164,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         for run in runs
     }
     title = "mean accuracy over clients per round (0: zero-shot CLIP)"
-    line_plot(mean_series, title, "round", "accuracy (%)").save(files[0])
+    save(line_plot(mean_series, title, "round", "accuracy (%)"), files[0])
     for run in runs:
         if not run.rounds:
             continue
@@ -175,7 +174,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
             for k in range(len(zero_shot))
         }
         path = out / f"accuracy_clients_{re.sub(r'[^A-Za-z0-9._-]+', '_', run.name)}.png"
-        line_plot(series, f"{run.name}: accuracy of each client on its own test set", "round", "accuracy (%)").save(path)
+        save(line_plot(series, f"{run.name}: accuracy of each client on its own test set", "round", "accuracy (%)"), path)
         files.append(path)
     return files
 

@@ -1,11 +1,13 @@
 import re
 import time
+from argparse import ArgumentError
 from dataclasses import dataclass
 
 import pytest
 
 from fedur.config import GROUPS
-from fedur.main import ConfigError, main, parse_config, resolve_precision, validate
+from fedur.launch_env import LaunchEnv
+from fedur.main import ConfigError, main, parse_config, validate
 
 
 @dataclass
@@ -38,6 +40,7 @@ def test_help_documents_every_option(run_main):
         for field in group.__dataclass_fields__:
             assert f"--{name}.{field}" in out
     assert "Learnable text context vectors" in out  # field docstrings become help text
+    assert "(type: PositiveInt, default: 10)" in out and "(type: Fraction, default: 1.0)" in out  # ranges show
     assert "--fabric.devices" in out and "\n  --devices" not in out  # namespaced: no clash with `fabric run`
 
 
@@ -56,26 +59,42 @@ def test_overrides_and_later_configs_win(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        (["--federation.beta", "0"], "federation.beta must be > 0"),
-        (["--federation.join_rate", "1.5"], "join_rate must be in (0, 1]"),
-        (["--model.n_ctx", "-1"], "model.n_ctx must be >= 0"),
-        (["--model.visual_tokens", "-2"], "model.visual_tokens must be >= 0"),
-        (["--fedur.tau_neg", "1.2"], "fedur.tau_neg"),
+        (["--federation.beta", "0"], 'Parser key "federation.beta": Not of type PositiveFloat: 0 does not conform to restriction v>0'),
+        (["--federation.join_rate", "1.5"], "federation.join_rate\": Not of type Fraction: 1.5 does not conform to restriction v>0 and v<=1"),
+        (["--model.n_ctx", "-1"], "model.n_ctx\": Not of type NonNegativeInt: -1"),
+        (["--model.visual_tokens", "-2"], "model.visual_tokens\": Not of type NonNegativeInt: -2"),
+        (["--fedur.tau_neg", "1.2"], "fedur.tau_neg\": Not of type OpenUnitInterval: 1.2"),
+        (["--optim.batch_size", "0"], "optim.batch_size\": Not of type PositiveInt: 0"),
+        (["--data.train_fraction", "0"], "data.train_fraction\": Not of type Fraction: 0"),
+    ],
+)
+def test_settings_out_of_range_fail_at_parse_time(override, message):
+    """The ranges live in config.py's annotations: jsonargparse refuses such values and --help shows them."""
+    with pytest.raises(ArgumentError) as error:
+        parse_config(["--config", "configs/smoke.yaml", *override])
+    assert message in " ".join(str(error.value).split())
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
         (["--model.n_ctx", "0", "--model.visual_tokens", "0"], "nothing to train"),
         (["--model.name", "ViT-Huge-Nope"], "Unknown open_clip model"),
         (["--data.name", "imagefolder", "--data.root", "/nonexistent/data"], "/nonexistent/data/train is missing"),
+        (["--optim.optimizer_state", "shared", "--fabric.accelerator", "cpu", "--fabric.devices", "2"], "needs one rank"),
     ],
 )
-def test_bad_settings_fail_before_compute(override, message):
+def test_settings_that_do_not_fit_together_fail_before_compute(override, message):
     cfg, _ = parse_config(["--config", "configs/smoke.yaml", *override])
     with pytest.raises(Exception, match=re.escape(message)):
-        validate(cfg)
+        validate(cfg, LaunchEnv.read({}))
 
 
 def test_bad_input_exits_2_and_touches_nothing(tmp_path, run_main):
     out_dir = tmp_path / "run"
     result = run_main("--config", "configs/smoke.yaml", "--federation.beta", "-1", "--run.output_dir", str(out_dir))
-    assert result.returncode == 2 and "fedur: error: federation.beta must be > 0" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr == 'fedur: error: Parser key "federation.beta": Not of type PositiveFloat: -1 does not conform to restriction v>0\n'
     assert not out_dir.exists()
 
 
@@ -94,19 +113,21 @@ def test_existing_run_directory_is_never_overwritten(tmp_path, run_main):
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
 
 
-def test_precision_auto(monkeypatch):
+def test_precision_auto_and_fabric_run_flags():
     from fedur.config import FabricConfig
 
-    monkeypatch.delenv("LT_PRECISION", raising=False)
-    assert resolve_precision(FabricConfig(accelerator="cpu")) == "32-true"
-    assert resolve_precision(FabricConfig(accelerator="cuda")) == "bf16-mixed"
-    assert resolve_precision(FabricConfig(precision="bf16-mixed", accelerator="cpu")) == "bf16-mixed"
-    monkeypatch.setenv("LT_PRECISION", "bf16-mixed")  # `fabric run --precision` wins: pass nothing
-    assert resolve_precision(FabricConfig(accelerator="cpu")) is None
-    monkeypatch.setenv("LT_PRECISION", "16-mixed")
+    plain = LaunchEnv.read({})
+    assert plain.resolved_precision(FabricConfig(accelerator="cpu")) == "32-true"
+    assert plain.resolved_precision(FabricConfig(accelerator="cuda")) == "bf16-mixed"
+    assert plain.resolved_precision(FabricConfig(precision="bf16-mixed", accelerator="cpu")) == "bf16-mixed"
+    cli = LaunchEnv.read({"LT_CLI_USED": "1", "LT_PRECISION": "bf16", "LT_DEVICES": "3", "WORLD_SIZE": "3", "RANK": "2"})
+    assert cli.resolved_precision(FabricConfig(accelerator="cpu")) == "bf16-mixed"  # `fabric run --precision` wins
+    assert cli.cli and not cli.is_rank_zero and cli.expected_world_size(FabricConfig()) == 3
+    assert LaunchEnv.read({"LT_DEVICES": "4", "LT_NUM_NODES": "2"}).expected_world_size(FabricConfig(accelerator="cpu")) == 8
+    assert not LaunchEnv.read({"LOCAL_RANK": "1"}).is_rank_zero  # Fabric's own launcher's second process
     cfg, _ = parse_config(["--config", "configs/smoke.yaml"])
     with pytest.raises(ConfigError, match="GradScaler"):
-        validate(cfg)
+        validate(cfg, LaunchEnv.read({"LT_PRECISION": "16-mixed"}))
 
 
 def snapshot(root) -> dict:
@@ -158,6 +179,19 @@ def bad_input_case(case: str, tmp_path, finished_run):
         victim = copy / "checkpoints" / "round_00000" / "client_002.pt"
         victim.write_bytes(victim.read_bytes()[:100])
         return resume, f"checkpoint file {victim} is corrupt"
+    if case in ("truncated weights", "weights of another architecture"):
+        import torch
+
+        from fedur.model.clip import load_clip
+
+        weights = inputs / "tiny.pt"
+        torch.save(load_clip("fedur-tiny", None).model.state_dict(), weights)
+        if case == "truncated weights":
+            weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a download cut short
+            return [*fresh, "--model.pretrained", str(weights)], f"model.pretrained={weights} cannot be read ("
+        return [*fresh, "--model.name", "ViT-B-32", "--model.pretrained", str(weights)], (
+            f"model.pretrained={weights} does not fit model.name=ViT-B-32: "
+        )
     if case == "bad model json":
         (inputs / "broken.json").write_text("{not json")
         return [*fresh, "--model.name", "broken", "--model.config_file", str(inputs / "broken.json")], "is not valid JSON"
@@ -171,18 +205,14 @@ def bad_input_case(case: str, tmp_path, finished_run):
             return data, f"{root}/train/cat has no images"
         return data, "broken.png"
     return {
-        "beta": ([*fresh, "--federation.beta", "0"], "federation.beta must be > 0"),
-        "join rate": ([*fresh, "--federation.join_rate", "1.01"], "federation.join_rate must be in (0, 1]"),
-        "fewer clients than ranks": (
-            [*fresh, "--fabric.accelerator", "cpu", "--fabric.devices", "3", "--federation.num_clients", "2"],
-            "federation.num_clients=2 is fewer than the 3 ranks launched",
-        ),
+        "beta": ([*fresh, "--federation.beta", "0"], "federation.beta\": Not of type PositiveFloat: 0"),
+        "join rate": ([*fresh, "--federation.join_rate", "1.01"], "federation.join_rate\": Not of type Fraction: 1.01"),
         "more clients than samples": (
             [*fresh, "--federation.num_clients", "400", "--federation.min_train_per_client", "1"],
             "300 train samples cannot give 400 clients",
         ),
-        "n_ctx": ([*fresh, "--model.n_ctx", "-1"], "model.n_ctx must be >= 0"),
-        "prompt tokens": ([*fresh, "--model.visual_tokens", "-1"], "model.visual_tokens must be >= 0"),
+        "n_ctx": ([*fresh, "--model.n_ctx", "-1"], "model.n_ctx\": Not of type NonNegativeInt: -1"),
+        "prompt tokens": ([*fresh, "--model.visual_tokens", "-1"], "model.visual_tokens\": Not of type NonNegativeInt: -1"),
         "unknown dataset": ([*fresh, "--data.name", "imagenet-nope"], "data.name"),
         "unknown model": ([*fresh, "--model.name", "ViT-Huge-Nope"], "Unknown open_clip model"),
         "missing checkpoint": (["--run.resume", str(tmp_path / "no-such-run")], "does not exist"),
@@ -193,8 +223,8 @@ def bad_input_case(case: str, tmp_path, finished_run):
 @pytest.mark.parametrize(
     "case",
     [
-        "beta", "join rate", "fewer clients than ranks", "more clients than samples", "n_ctx", "prompt tokens",
-        "unknown dataset", "unknown model", "bad model json", "missing checkpoint", "corrupt checkpoint",
+        "beta", "join rate", "more clients than samples", "n_ctx", "prompt tokens",
+        "unknown dataset", "unknown model", "bad model json", "truncated weights", "weights of another architecture", "missing checkpoint", "corrupt checkpoint",
         "changed settings", "empty class", "names mismatch", "corrupt image", "run directory taken",
     ],
 )
@@ -204,6 +234,7 @@ def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tm
     result = run_main("--config", "configs/smoke.yaml", *args)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
+    assert result.stderr.count("fedur: error: ") == 1 and "Traceback" not in result.stderr
     assert snapshot(tmp_path) == before and snapshot(finished_run) == finished_before
 
 

@@ -1,11 +1,12 @@
-"""Every YAML under configs/ parses into typed settings; the paper's configs say how to run them and hold
-the settings of the table cell they name."""
+"""Every YAML under configs/ parses into typed settings; every dataset has a main config; the paper's
+configs build on them, say how to run them and hold the settings of the table cell they name."""
 
 import re
 from functools import cache
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fedur.main import parse_config
 
@@ -13,6 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 PAPER = [p for p in CONFIGS if "paper" in p.relative_to(REPO / "configs").parts]
 DOMAINS = {"domainnet": 6, "officehome": 4}
+DATASETS = ["cifar10", "cifar100", "dtd", "resisc45", "cub", "ucf101", "domainnet", "officehome"]
 TABLES = {"table1": 12, "table2": 6, "table3": 2, "table4": 2, "table5": 2, "table8": 4}
 
 
@@ -27,7 +29,8 @@ def parsed(path: Path):
 
 
 def test_there_are_configs():
-    assert any(p.name == "smoke.yaml" for p in CONFIGS) and any(p.name == "cifar10.yaml" for p in CONFIGS)
+    top = {p.stem for p in CONFIGS if p.parent == REPO / "configs"}
+    assert top >= {"smoke", *DATASETS}, "a main config for every dataset"
     found = {table: sum(p.parent.name == table for p in PAPER) for table in TABLES}
     assert found == TABLES, "one config per cell of Tables 1-5 and 8"
 
@@ -48,7 +51,10 @@ def test_paper_config_matches_its_header(path):
     relative = path.relative_to(REPO).as_posix()
     run = re.search(r"fabric run --devices (\d+) fedur/main.py --config (\S+) --data.root \S+ --run.seed 1", header)
     assert run and run.group(2) == relative, "the header's command runs this very file"
-    assert int(run.group(1)) <= cfg.federation.num_clients, "a rank hosts at least one client"
+    assert int(run.group(1)) <= 8
+    body = yaml.safe_load(path.read_text())
+    assert body["config"] == f"../../{cfg.data.name}.yaml", "a table config builds on its dataset's main config"
+    assert all("." in key for key in body if key != "config"), "and holds only dotted overrides"
     assert f"python fedur/main.py --config {relative} --data.root" in header and "--check_data" in header
     assert "--fedur.class_weights none --fedur.negatives none" in header
     assert re.search(r"FedUR\s+\d+\.\d\d", header), "the header quotes the paper's FedUR number"
@@ -66,3 +72,20 @@ def test_paper_config_matches_its_header(path):
         assert fed.partition == "domain_dirichlet" and fed.num_clients == 3 * DOMAINS[cfg.data.name]
         assert fed.clients_per_domain == 3
     assert cfg.model.name == ("ViT-B-16" if table == "table8" else "ViT-B-32") and cfg.model.pretrained == "openai"
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_every_dataset_has_a_main_config_with_the_papers_setting(dataset):
+    path = REPO / "configs" / f"{dataset}.yaml"
+    cfg, _ = parsed(path)
+    header = "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
+    assert f"fabric run --devices 8 fedur/main.py --config configs/{dataset}.yaml --data.root" in header
+    assert re.search(r"FedUR\s+\d+\.\d\d", header) and "--check_data" in header
+    fed = cfg.federation
+    assert cfg.data.name == dataset and cfg.model.name == "ViT-B-32" and cfg.model.pretrained == "openai"
+    assert (fed.rounds, fed.local_epochs, fed.refresh_every) == (20, 10, 5)
+    if dataset in DOMAINS:  # Table 3: one client per domain
+        assert fed.partition == "domain" and fed.num_clients == DOMAINS[dataset]
+    else:  # Table 1: Dirichlet beta 0.1
+        assert fed.partition == "dirichlet" and fed.beta == 0.1
+        assert fed.num_clients == (5 if dataset in ("cub", "ucf101") else 10)

@@ -102,13 +102,14 @@ def _no_hidden_sync_worker(fabric, config_args, run_dir):
     from fedur.main import parse_config
     from fedur.model.clip import load_clip
     from fedur.train.fit import fit
+    from fedur.train.run_dir import RunDir
 
     cfg, config_yaml = parse_config(config_args)
     torch.set_num_threads(1)
     if fabric.is_global_zero:
         Path(run_dir).mkdir()
     fabric.barrier()
-    result = fit(fabric, cfg, Path(run_dir), config_yaml)
+    result = fit(fabric, cfg, RunDir(run_dir), config_yaml)
 
     texts = Collectives(fabric).gather_clients(
         {c.client_id: c.text_ctx for c in result.clients}, 4, like=result.clients[0].text_ctx, what="text prompts"
@@ -129,3 +130,39 @@ def test_no_hidden_sync_across_ranks(tmp_path):
     fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
     args = ["--config", "configs/smoke.yaml", "--federation.rounds", "1"]
     assert fabric.launch(_no_hidden_sync_worker, args, str(tmp_path / "run"))
+
+
+def test_more_ranks_than_clients_spare_ranks_join_every_exchange(tmp_path):
+    """One client on 2 ranks (as CUB's 5 clients on 8 GPUs): rank 1 hosts none, takes part in every
+    collective, and the run equals the same run on 1 rank."""
+    from fedur.main import parse_config, run
+
+    args = ["--config", "configs/smoke.yaml", "--federation.rounds", "2", "--federation.num_clients", "1"]
+    fabric = str(Path(sys.executable).parent / "fabric")
+    two = launch([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
+                  "fedur/main.py", *args, "--run.output_dir", str(tmp_path / "two")])
+    cfg, config_yaml = parse_config([*args, "--run.output_dir", str(tmp_path / "one")])
+    run(cfg, config_yaml)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "round_seconds"} for r in rows]  # noqa: E731
+    assert strip(metrics(tmp_path / "two")) == strip(metrics(tmp_path / "one"))
+    for name in ("global.pt", "client_000.pt"):
+        x = torch.load(tmp_path / "two" / "prompts" / name, weights_only=True)
+        y = torch.load(tmp_path / "one" / "prompts" / name, weights_only=True)
+        assert all(torch.equal(torch.as_tensor(x[k]), torch.as_tensor(y[k])) for k in x), name
+    placement = json.loads((tmp_path / "two" / "placement.json").read_text())["ranks"]
+    assert [r["clients"] for r in placement] == [[0], []]
+    assert two.stdout.count("rank 1 hosts no client (1 client on 2 ranks) and takes part in every exchange") == 1
+
+
+def test_a_bad_setting_under_fabric_run_is_printed_once_by_rank_zero():
+    fabric = str(Path(sys.executable).parent / "fabric")
+    result = subprocess.run(
+        [fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()), "fedur/main.py",
+         "--config", "configs/smoke.yaml", "--federation.beta", "-1"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert output.count("fedur: error:") == 1, output[-3000:]
+    assert result.stderr.startswith('fedur: error: Parser key "federation.beta": Not of type PositiveFloat: -1'), output[-3000:]
+    assert "exitcode  : 2" in output  # rank 0's exit is what the launcher reports

@@ -19,6 +19,7 @@ import torch
 from fedur.main import parse_config, run
 from fedur.train import checkpoint
 from fedur.train.faults import InjectedFault
+from fedur.train.run_dir import RunDirError
 
 from .conftest import REPO, free_port, scalar_curve
 
@@ -115,7 +116,7 @@ def test_every_round_is_committed_and_old_ones_pruned(reference, tmp_path):
     client = checkpoint.load(checkpoint.client_file(checkpoint.latest(reference).folder, 3))
     assert set(client) >= {"visual", "text_ctx", "optimizer_state", "pseudo_labels", "train_indices"}
     assert client["pseudo_labels"]["negatives"].dtype == torch.bool
-    assert client["optimizer_state"]["state"][0]["momentum_buffer"].abs().sum() > 0  # compared after every resume
+    assert client["optimizer_state"][0]["momentum_buffer"].abs().sum() > 0  # the SGD momentum, compared after every resume
     shared = checkpoint.load(checkpoint.latest(reference).folder / "global.pt")
     assert shared["refresh"]["class_weights"].shape == (5,)
 
@@ -229,6 +230,6 @@ def test_resume_auto_starts_over_after_a_crash_before_the_first_commit(reference
 
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    with pytest.raises(checkpoint.CheckpointError, match="holds notes.txt"):
+    with pytest.raises(RunDirError, match="holds notes.txt"):
         run_in_process(tmp_path / "other", "--run.resume", "auto")
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"

@@ -7,11 +7,11 @@ import torch
 
 from fedur.data.datasets import load_imagefolder
 from fedur.data.loaders import ClientImages, make_loader
-from fedur.main import make_fabric
 from fedur.config import FabricConfig
+from fedur.launch_env import LaunchEnv, make_fabric
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
-from fedur.train.evaluate import correct_and_total, predict
+from fedur.train.evaluate import confusion_matrix, correct_and_total, predict
 
 PER_CLASS = 100
 
@@ -41,12 +41,12 @@ def tiny(shared_dir):
 
 def test_zero_shot_matches_the_model_card(tiny, cifar_test_subset):
     """The card reports 59.4% on the 10,000 test images; 1,000 of them land within a few points."""
-    fabric = make_fabric(FabricConfig(accelerator="cpu", devices=1))
+    fabric = make_fabric(FabricConfig(accelerator="cpu", devices=1), LaunchEnv.read({}))
     ds = cifar_test_subset
     model = PromptedCLIP(tiny, ds.classnames, 0, 0, None, 0.02, seed=1)
     labels = torch.from_numpy(ds.test.labels)
     loader = make_loader(ClientImages(ds.test, torch.arange(len(labels)).numpy(), tiny.preprocess, (labels,)), 250, 0)
     text = zero_shot_weights(tiny, ds.classnames, "a photo of a {}.", fabric.device)
-    correct, total = correct_and_total(*predict(fabric, model, loader, text)).tolist()
+    correct, total = correct_and_total(confusion_matrix(*predict(fabric, model, loader, text))).tolist()
     assert total == 10 * PER_CLASS
     assert 0.54 < correct / total < 0.65

@@ -312,7 +312,11 @@ def stderr_progress(every_seconds: float = 5.0) -> Progress:
         if now - state["last"] < every_seconds and done < total:
             return
         state["last"] = now
-        rate = done / max(now - state["start"], 1e-9)
+        elapsed = now - state["start"]
+        if elapsed < 1.0:  # too short to measure a rate (the whole split took under a second)
+            print(f"fedur: {what}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f}%)", file=sys.stderr, flush=True)
+            return
+        rate = done / elapsed
         print(
             f"fedur: {what}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f}%), {rate:,.0f} img/s, "
             f"{(total - done) / max(rate, 1e-9):,.0f} s left",

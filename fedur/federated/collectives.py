@@ -82,12 +82,15 @@ class Collectives:
             out = self._call(what, lambda: self.comm.all_reduce(out, reduce_op="sum"))
         return out.cpu()
 
+    def gather_ranks(self, value: Tensor, what: str) -> Tensor:
+        """(world_size, *shape): row r is rank r's `value` (the same shape and dtype on every rank)."""
+        return self.gather_clients({self.comm.global_rank: value}, self.comm.world_size, like=value, what=what)
+
     def max_over_ranks(self, value: int, what: str) -> int:
         """The largest of every rank's `value`, on every rank."""
         if self.comm.world_size == 1:
             return value
-        every = self.gather_clients({self.comm.global_rank: torch.tensor(value)}, self.comm.world_size, torch.tensor(0), what)
-        return int(every.max())
+        return int(self.gather_ranks(torch.tensor(value), what).max())
 
     def barrier(self, what: str = "barrier") -> None:
         if self.comm.world_size > 1:

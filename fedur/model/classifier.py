@@ -62,6 +62,10 @@ class PromptedCLIP(nn.Module):
         return self
 
     @property
+    def num_classes(self) -> int:
+        return self.text_prompt.prefix.shape[0]
+
+    @property
     def logit_scale(self) -> Tensor:
         return self.clip.logit_scale.exp()
 

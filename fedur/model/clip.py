@@ -51,10 +51,18 @@ def load_clip(
     With `pretrained=None` the weights are a random init drawn from torch's global RNG: seed it first.
     """
     weights = check_model(name, pretrained, config_file, cache_dir)
-    with _quiet_if(weights is None):  # open_clip warns about the random init we asked for
-        model, _, preprocess = open_clip.create_model_and_transforms(
-            name, pretrained=weights, cache_dir=cache_dir, force_quick_gelu=needs_quick_gelu(name, pretrained)
-        )
+    try:
+        with _quiet_if(weights is None):  # open_clip warns about the random init we asked for
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                name, pretrained=weights, cache_dir=cache_dir, force_quick_gelu=needs_quick_gelu(name, pretrained)
+            )
+    except (RuntimeError, NotImplementedError, ValueError, KeyError) as err:
+        if weights is None or not Path(weights).exists():
+            raise
+        raise ModelUnavailableError(
+            f"model.pretrained={weights} cannot be loaded into {name} ({type(err).__name__}: {_first_line(err)}); "
+            "check that model.name (and model.config_file) is the architecture these weights were trained with"
+        ) from err
     model.requires_grad_(False)
     model.eval()
     image_size = model.visual.image_size
@@ -73,8 +81,9 @@ def _quiet_if(quiet: bool):
 
 
 def check_model(name: str, pretrained: str | None, config_file: str | None, cache_dir: str | None) -> str | None:
-    """Fail at once, before any compute, when the model or its weights cannot be had; return what
-    open_clip should load as `pretrained`."""
+    """Fail at once, before any compute, when the model or its weights cannot be had (a local weights
+    file is also read and checked against the architecture); return what open_clip should load as
+    `pretrained`."""
     register_model_config(config_file)
     if name not in open_clip.list_models():
         hint = f" It is not a file stem of model.config_file={config_file}." if config_file else ""
@@ -82,7 +91,87 @@ def check_model(name: str, pretrained: str | None, config_file: str | None, cach
             f"Unknown open_clip model {name!r}.{hint} Pick one of open_clip.list_models() (e.g. ViT-B-32, "
             "ViT-B-16), or point model.config_file at an open_clip model-config JSON named <model.name>.json."
         )
-    return resolve_pretrained(name, pretrained, cache_dir)
+    weights = resolve_pretrained(name, pretrained, cache_dir)
+    if weights is not None and Path(weights).is_file():
+        check_weights(name, weights)
+    return weights
+
+
+def check_weights(name: str, path: str) -> None:
+    """The weights file at `path` can be read and its tensors have the shapes of architecture `name`.
+
+    Reads only the file's index (shapes), and builds `name` on the meta device (no memory, no compute).
+    Position embeddings may differ: open_clip resizes them to the model's image and context size.
+    """
+    shapes = weight_shapes(path)
+    with _quiet_if(True):
+        skeleton = open_clip.create_model(name, pretrained=None, device="meta")
+    expected = {key: tuple(t.shape) for key, t in skeleton.state_dict().items()}
+    try:  # open_clip's own conversion of third-party layouts, on shape-only (meta) tensors
+        from open_clip.factory import convert_state_dict
+
+        shapes = {k: tuple(t.shape) for k, t in convert_state_dict(skeleton, _meta(shapes)).items()}
+    except Exception:  # noqa: BLE001  a layout open_clip does not convert: compare as it is
+        pass
+    hint = (
+        f"set model.name (and model.config_file for a custom architecture) to the architecture these weights "
+        f"were trained with, or point model.pretrained at weights of {name}"
+    )
+    common = sorted(expected.keys() & shapes.keys())
+    if not common:
+        raise ModelUnavailableError(
+            f"model.pretrained={path} holds none of the tensors of {name} (it has e.g. "
+            f"{', '.join(sorted(shapes)[:3]) or 'nothing'}); {hint}"
+        )
+    differ = [k for k in common if shapes[k] != expected[k] and not k.endswith("positional_embedding")]
+    missing = sorted(expected.keys() - shapes.keys() - {"logit_bias"})
+    if differ:
+        key = differ[0]
+        more = f" (and {len(differ) - 1} more tensors differ)" if len(differ) > 1 else ""
+        raise ModelUnavailableError(
+            f"model.pretrained={path} does not fit model.name={name}: {key} has shape {shapes[key]} in the file "
+            f"but {expected[key]} in {name}{more}; {hint}"
+        )
+    if missing:
+        raise ModelUnavailableError(
+            f"model.pretrained={path} lacks {len(missing)} tensors of {name} (e.g. {', '.join(missing[:3])}); {hint}"
+        )
+
+
+def weight_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of a state-dict file (.safetensors, or torch.save'd, as open_clip reads it), without
+    loading the tensors' data where the format allows; a ModelUnavailableError when it cannot be read."""
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as f:
+                return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as err:
+            if "mmap" not in str(err):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format
+    except Exception as err:  # noqa: BLE001  torch and safetensors raise several types for broken files
+        raise ModelUnavailableError(
+            f"model.pretrained={path} cannot be read ({type(err).__name__}: {_first_line(err)}): the file is "
+            "truncated, still downloading, or not a checkpoint; download it again"
+        ) from err
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelUnavailableError(f"model.pretrained={path} is not a state dict of tensors (found {type(state).__name__})")
+    return {key.removeprefix("module."): tuple(t.shape) for key, t in state.items()}
+
+
+def _meta(shapes: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
+    return {key: torch.empty(shape, device="meta") for key, shape in shapes.items()}
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def needs_quick_gelu(name: str, pretrained: str | None) -> bool:

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from lightning import Fabric
+    from torch import Tensor
 
-    from fedur.federated.collectives import Collectives
     from fedur.train.client import ClientState
     from fedur.train.faults import Fault
+    from fedur.train.rank import Rank
 
 CHECKPOINTS = "checkpoints"
 MARKER = "COMMITTED.json"
@@ -79,29 +79,6 @@ def commit(folder: Path, round_idx: int, marker: dict, global_state: dict) -> No
     settings_hash = hashlib.sha256(json.dumps(marker.get("settings"), sort_keys=True).encode()).hexdigest()
     content = {"format": FORMAT, "round": round_idx, **marker, "settings_sha256": settings_hash}
     atomic_write_text(json.dumps(content, indent=1) + "\n", folder / MARKER)
-
-
-# What a run writes before it commits its first round (recorder.py, fit.py).
-BEFORE_FIRST_COMMIT = {
-    "config.yaml", "metrics.jsonl", "placement.json", "partition.json", "partition_train.png", "partition_test.png",
-    "zero_shot.json", "tensorboard", CHECKPOINTS,
-}
-
-
-def clear_run_without_commit(run_dir: Path) -> list[str]:
-    """Remove what a run that died before its first commit left in `run_dir`, so that it can start over
-    (`run.resume auto` after a requeue). Refuses, removing nothing, when anything else is there."""
-    entries = sorted(p.name for p in Path(run_dir).iterdir())
-    foreign = [name for name in entries if name not in BEFORE_FIRST_COMMIT]
-    if foreign or committed_rounds(run_dir):
-        raise CheckpointError(
-            f"{run_dir} has no committed checkpoint to resume but holds {', '.join(foreign[:5]) or 'committed rounds'}; "
-            "choose a new run.output_dir"
-        )
-    for name in entries:
-        path = Path(run_dir) / name
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    return entries
 
 
 def prune(run_dir: Path, keep: int) -> None:
@@ -158,24 +135,16 @@ def verify(committed: Committed, num_clients: int) -> None:
         load(client_file(committed.folder, client_id))
 
 
-def save_round(
-    fabric: "Fabric",
-    collectives: "Collectives",
-    run_dir: Path,
-    round_idx: int,
-    clients: "list[ClientState]",
-    global_state: dict,
-    keep: int,
-    fault: "Fault | None",
-    marker: dict,
-) -> None:
+def save_round(rank: "Rank", run_dir: Path, round_idx: int, global_state: dict, marker: dict, keep: int,
+               fault: "Fault | None" = None) -> None:
     """Each rank writes its own clients; after a barrier rank 0 writes the shared state, commits, prunes."""
+    fabric, collectives = rank.fabric, rank.collectives
     if fabric.is_global_zero:
         clear_uncommitted(run_dir, round_idx)
     collectives.barrier("checkpoint: prepare")
     folder = round_folder(run_dir, round_idx)
     folder.mkdir(parents=True, exist_ok=True)
-    for client in clients:
+    for client in rank.clients:
         atomic_save(client.state_dict(), client_file(folder, client.client_id))
     if fault is not None:
         fault.trigger("commit", round_idx, fabric.global_rank)
@@ -183,6 +152,17 @@ def save_round(
     if fabric.is_global_zero:
         commit(folder, round_idx, {**marker, "tensorboard": "tensorboard"}, global_state)
         prune(run_dir, keep)
+
+
+def save_prompts(folder: Path, shared: "dict[str, Tensor]", clients: "list[ClientState]", write_shared: bool) -> None:
+    """The final prompts: global.pt, the shared prompts (rank 0), and client_XXX.pt, the visual prompt and
+    text context each client classifies with (written by the rank that hosts it)."""
+    folder.mkdir(exist_ok=True)
+    if write_shared and shared:
+        torch.save({name: t.cpu() for name, t in shared.items()}, folder / "global.pt")
+    for client in clients:
+        state = {"client_id": client.client_id, "visual": client.visual.cpu(), "text_ctx": client.text_ctx.cpu()}
+        torch.save(state, folder / f"client_{client.client_id:03d}.pt")
 
 
 def restore(committed: Committed, clients: "list[ClientState]") -> dict:

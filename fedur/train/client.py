@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from lightning import Fabric
 from torch import Tensor
 
-from fedur.data.datasets import ImageSplit
 from fedur.data.loaders import ClientImages, make_loader
 from fedur.federated.streams import client_generator
 from fedur.train.checkpoint import CheckpointError
-from fedur.train.module import PromptTuner
-from fedur.train.progress import QUIET, Progress
+
+if TYPE_CHECKING:
+    from fedur.train.rank import Rank
 
 
 @dataclass
@@ -38,7 +37,7 @@ class ClientState:
     test_indices: np.ndarray  # into the dataset's test split
     visual: Tensor  # (depth, n_tok, width): the visual prompt it uses (the global one when shared)
     text_ctx: Tensor  # (n_ctx, width): the text prompt it uses (personal unless fedur.share shares it)
-    optimizer_state: dict | None = None  # kept across rounds only with optim.optimizer_state=client
+    optimizer_state: dict | None = None  # SGD momentum, kept across rounds only with optim.optimizer_state=client
     pseudo_labels: PseudoLabels | None = None
 
     # A client's random streams are a pure function of (run.seed, client_id, round) (federated/streams.py):
@@ -65,9 +64,17 @@ class ClientState:
                 )
         device = self.visual.device
         self.visual, self.text_ctx = state["visual"].to(device), state["text_ctx"].to(device)
-        self.optimizer_state = state["optimizer_state"]
+        self.optimizer_state = momentum_only(state["optimizer_state"])
         labels = state["pseudo_labels"]
         self.pseudo_labels = None if labels is None else PseudoLabels(**labels)
+
+
+def momentum_only(optimizer_state: dict | None) -> dict | None:
+    """The per-parameter SGD state of a saved optimizer state (checkpoints before fedur 0.2 hold the whole
+    `optimizer.state_dict()`; its param_groups are the schedule's, not the client's)."""
+    if optimizer_state is not None and "param_groups" in optimizer_state:
+        return optimizer_state["state"]
+    return optimizer_state
 
 
 @dataclass
@@ -75,48 +82,34 @@ class LocalResult:
     loss: float  # means over the round's optimizer steps
     loss_pos: float
     loss_neg: float
-    optimizer_state: dict | None
+    lr: float  # the learning rate of the round's first local epoch
+    optimizer_state: dict  # the SGD state (momentum) after the round
 
 
-def train_client(
-    fabric: Fabric,
-    tuner: PromptTuner,
-    client: ClientState,
-    split: ImageSplit,
-    transform: Callable,
-    round_idx: int,
-    *,
-    local_epochs: int,
-    refresh_every: int,
-    batch_size: int,
-    num_workers: int,
-    seed: int,
-    optimizer_state: dict | None,
-    log_every_n_steps: int = 0,
-    progress: Progress = QUIET,
-) -> LocalResult:
-    """Train the client's prompts `local_epochs` epochs on its selected pseudo-labels, in place.
+def train_client(rank: "Rank", client: ClientState, round_idx: int, optimizer_state: dict | None) -> LocalResult:
+    """Train the client's prompts for the tuner's local epochs on its selected pseudo-labels, in place.
 
     The client starts from the prompts it holds (after aggregation: the global ones for what is
-    shared) and keeps what it learned; the round loop decides what is uploaded.
+    shared) and from `optimizer_state` (SGD momentum; None: fresh), and keeps what it learned; the round
+    loop decides what is uploaded.
     """
-    model = tuner.model
-    model.load_prompts(client.visual, client.text_ctx)
-    optimizer = tuner.configure_optimizers()
-    if optimizer_state is not None:
-        optimizer.load_state_dict(optimizer_state)
+    fabric, tuner, work, progress = rank.fabric, rank.tuner, rank.work, rank.progress
+    tuner.model.load_prompts(client.visual, client.text_ctx)
+    optimization = tuner.configure_optimizers(round_idx)
+    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+    if optimizer_state is not None:  # the momentum only: the learning rate is the schedule's
+        optimizer.load_state_dict({"state": optimizer_state, "param_groups": optimizer.state_dict()["param_groups"]})
     labels = client.pseudo_labels
-    data = ClientImages(split, client.train_indices[labels.indices.numpy()], transform, (labels.labels, labels.negatives))
+    selected = client.train_indices[labels.indices.numpy()]
+    data = ClientImages(rank.dataset.train, selected, rank.transform, (labels.labels, labels.negatives))
     loader = make_loader(
-        data, batch_size, num_workers, generator=client_generator(seed, client.client_id, round_idx),
+        data, work.batch_size, work.num_workers, generator=client_generator(work.seed, client.client_id, round_idx),
         pin_memory=fabric.device.type == "cuda",
     )
-    first_epoch = (round_idx % refresh_every) * local_epochs
+    lr = scheduler.get_last_lr()[0]
     sums = torch.zeros(3, device=fabric.device)  # loss, loss_pos, loss_neg: summed on device, read once
     steps = 0
-    for epoch in progress.iterate(range(local_epochs), f"client {client.client_id} epochs"):
-        for group in optimizer.param_groups:
-            group["lr"] = tuner.learning_rate(first_epoch + epoch)
+    for _ in progress.iterate(range(tuner.local_epochs), f"client {client.client_id} epochs"):
         for batch in loader:
             batch = fabric.to_device(batch)
             with fabric.autocast():
@@ -126,8 +119,10 @@ def train_client(
             optimizer.step()
             sums += torch.stack([out["loss"].detach(), out["loss_pos"], out["loss_neg"]]).float()
             steps += 1
-            if log_every_n_steps and steps % log_every_n_steps == 0:
+            if work.log_every_n_steps and steps % work.log_every_n_steps == 0:
                 progress.write(f"  client {client.client_id} step {steps} loss {out['loss'].item():.4f}")  # every rank
-    client.visual, client.text_ctx = model.prompts()
+        if steps:  # a client without selected samples takes no step
+            scheduler.step()
+    client.visual, client.text_ctx = tuner.model.prompts()
     means = (sums / max(steps, 1)).tolist()  # device-to-host sync, once per client-round
-    return LocalResult(*means, optimizer_state=copy.deepcopy(optimizer.state_dict()))
+    return LocalResult(*means, lr=lr, optimizer_state=copy.deepcopy(optimizer.state_dict()["state"]))

@@ -1,13 +1,19 @@
-"""Batched inference: logits of a client's images under the zero-shot or the prompted classifier."""
+"""Batched inference, and what evaluation reports: every client's accuracy on its own test set."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from lightning import Fabric
 from torch import Tensor
 from torch.utils.data import DataLoader
+from torchmetrics.functional.classification import multiclass_confusion_matrix
 
 from fedur.model.classifier import PromptedCLIP
+
+if TYPE_CHECKING:
+    from fedur.train.rank import Rank
 
 
 @torch.no_grad()
@@ -28,17 +34,32 @@ def predict(
             logits.append(model.logits(features, text).float().cpu())  # device-to-host copy per batch
             labels.append(batch_labels)
     if not logits:
-        return torch.zeros(0, model.text_prompt.prefix.shape[0]), torch.zeros(0, dtype=torch.long)
+        return torch.zeros(0, model.num_classes), torch.zeros(0, dtype=torch.long)
     return torch.cat(logits), torch.cat(labels)
 
 
-def correct_and_total(logits: Tensor, labels: Tensor) -> Tensor:
-    """(2,) int64: number of correct top-1 predictions and number of samples."""
-    return torch.tensor([int((logits.argmax(dim=-1) == labels).sum()), len(labels)], dtype=torch.long)
-
-
 def confusion_matrix(logits: Tensor, labels: Tensor) -> Tensor:
-    """(C, C) int64 counts, rows the true class, columns the predicted one."""
+    """(C, C) int64 counts of the top-1 predictions, rows the true class, columns the predicted one."""
     num_classes = logits.shape[-1]
-    pairs = labels * num_classes + logits.argmax(dim=-1)  # (n,) flat index of (true, predicted)
-    return torch.bincount(pairs, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+    if len(labels) == 0:
+        return torch.zeros(num_classes, num_classes, dtype=torch.long)
+    return multiclass_confusion_matrix(logits.argmax(dim=-1), labels, num_classes, validate_args=False).long()
+
+
+def correct_and_total(confusion: Tensor) -> Tensor:
+    """(2,) int64 [correct top-1 predictions, samples] from a (C, C) confusion matrix."""
+    return torch.stack([confusion.trace(), confusion.sum()]).long()
+
+
+def evaluate_clients(rank: "Rank", zero_shot: bool = False, with_confusion: bool = False) -> tuple[Tensor, Tensor | None]:
+    """(K, 2) [correct, total] of every client on its own test set with its prompts (the global visual
+    prompt and its own text prompt), or as zero-shot CLIP; and with `with_confusion` the clients' (K, C, C)
+    confusion matrices from the same pass (else None). Every rank calls this."""
+    confusions = {k: confusion_matrix(logits, labels) for k, (logits, labels) in rank.predict("test", zero_shot).items()}
+    counts = {k: correct_and_total(matrix) for k, matrix in confusions.items()}
+    accuracy = rank.gather(counts, like=torch.zeros(2, dtype=torch.long), what="test accuracy counts")
+    if not with_confusion:
+        return accuracy, None
+    num_classes = rank.model.num_classes
+    like = torch.zeros(num_classes, num_classes, dtype=torch.long)
+    return accuracy, rank.gather(confusions, like=like, what="confusion matrices")

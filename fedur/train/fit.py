@@ -4,30 +4,28 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from lightning import Fabric
 from torch import Tensor
 
 from fedur.config import Config, result_settings
-from fedur.data.datasets import ImageSplit
-from fedur.data.loaders import ClientImages, make_loader
 from fedur.federated.aggregation import weighted_average
 from fedur.federated.collectives import Collectives
+from fedur.federated.placement import placement_table
 from fedur.federated.streams import participants
-from fedur.model.classifier import PromptedCLIP
-from fedur.model.clip import zero_shot_weights
 from fedur.train import checkpoint
-from fedur.train.client import ClientState, train_client
-from fedur.train.evaluate import confusion_matrix, correct_and_total, predict
+from fedur.train.client import ClientState, momentum_only, train_client
+from fedur.train.evaluate import evaluate_clients
 from fedur.train.faults import Fault, parse_fault
 from fedur.train.module import PromptTuner
 from fedur.train.preemption import StopRequest
-from fedur.train.progress import QUIET, Progress
-from fedur.train.recorder import Recorder, client_histograms
-from fedur.train.round_metrics import domain_summary, round_record
+from fedur.train.progress import Progress
+from fedur.train.rank import Rank
+from fedur.train.recorder import Recorder
 from fedur.train.refresh import Refresh, refresh_pseudo_labels
+from fedur.train.round_metrics import RoundOutcome, domain_summary, round_record
+from fedur.train.run_dir import RunDir
 from fedur.train.setup import describe, setup
 
 INT64_BYTES, FLOAT32_BYTES = 8, 4
@@ -40,52 +38,54 @@ SHARED = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text
 @dataclass
 class FitResult:
     summary: dict | None  # None when the run stopped early on a signal (it resumes from its checkpoint)
-    tuner: PromptTuner  # the rank's module: frozen backbone + prompt slots
-    clients: list[ClientState]  # this rank's clients, with their final prompts
+    rank: Rank  # what this process held, with its clients' final prompts
     global_prompts: dict[str, Tensor]  # the last aggregate of each shared prompt ("visual", "text_ctx")
     stopped_by: str | None = None  # the signal that stopped the run early
+
+    @property
+    def clients(self) -> list[ClientState]:
+        return self.rank.clients
+
+    @property
+    def tuner(self) -> PromptTuner:
+        return self.rank.tuner
 
 
 def fit(
     fabric: Fabric,
     cfg: Config,
-    run_dir: Path,
+    run_dir: RunDir,
     config_yaml: str,
     resume: checkpoint.Committed | None = None,
     stop: StopRequest | None = None,
 ) -> FitResult:
     """Run (or continue, from `resume`) the federated rounds; `stop` ends the run after a round's commit."""
-    fed, method, optim = cfg.federation, cfg.fedur, cfg.optim
-    num_clients = fed.num_clients
+    fed, method = cfg.federation, cfg.fedur
     start_round = 0 if resume is None else resume.round_idx + 1
     collectives = Collectives(fabric, peer_timeout=cfg.run.peer_timeout)
-    dataset, clip, tuner, clients, loading = setup(fabric, cfg)
+    progress = Progress(enabled=cfg.run.progress and fabric.is_global_zero)  # rank 0's bars; the others stay quiet
+    rank, partition_counts, skipped = setup(fabric, collectives, cfg, progress)
     # A resume checks its clients against the checkpoint before anything in the run directory changes.
-    resumed = None if resume is None else checkpoint.restore(resume, clients)
+    resumed = None if resume is None else checkpoint.restore(resume, rank.clients)
     if fabric.is_global_zero:  # only now: a run that fails while loading leaves no directory behind
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.root.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
-    recorder = Recorder(fabric, run_dir, start_round=start_round, progress=cfg.run.progress)
-    progress = recorder.progress
-    model, transform = tuner.model, loading.transform
-    shared = {name: getattr(clients[0], name) for name in SHARED[method.share]}
-    upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
-    recorder.start(config_yaml, describe(fabric, cfg, dataset, clients))
-    recorder.record_placement(collectives, clients, num_clients)
-    recorder.record_partition(*client_histograms(collectives, clients, dataset.train.labels, dataset.test.labels,
-                                                 dataset.num_classes, num_clients), dataset.classnames)
+    history = run_dir.history(start_round, cut=fabric.is_global_zero)
+    recorder = Recorder(run_dir, fabric.is_global_zero, history, start_round, progress)
+    recorder.start(config_yaml, describe(rank, cfg))
+    recorder.record_placement(gather_placement(rank))
+    recorder.record_partition(*partition_counts, rank.dataset.classnames)
 
-    zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
+    shared = {name: t for name, t in zip(("visual", "text_ctx"), rank.model.prompts()) if name in SHARED[method.share]}
+    upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
     if resumed is None:
-        zero_shot, _ = evaluate_clients(fabric, collectives, model, clients, dataset.test, transform, cfg, zero_shot_text)
-        recorder.record_zero_shot(zero_shot)
-        refresh, carried_optimizer = None, None  # carried: optim.optimizer_state=shared passes momentum client to client
+        recorder.record_zero_shot(evaluate_clients(rank, zero_shot=True)[0])
+        refresh, carried = None, None  # carried: optim.optimizer_state=shared passes momentum client to client
     else:
-        shared.update(resumed["shared"])  # the recorder reloads zero-shot results and metrics from the run directory
-        refresh, carried_optimizer = Refresh(**resumed["refresh"]), resumed["carried_optimizer"]
-        tuner.class_weights = refresh.class_weights
-        if fabric.is_global_zero:
-            progress.write(f"resumed from {resume.folder} (round {start_round + 1} of {fed.rounds} is next)")
+        shared.update(resumed["shared"])
+        refresh, carried = Refresh(**resumed["refresh"]), momentum_only(resumed["carried_optimizer"])
+        rank.tuner.use_class_weights(refresh.class_weights)
+        recorder.note(f"resumed from {resume.folder} (round {start_round + 1} of {fed.rounds} is next)")
 
     fault, confusion = parse_fault(cfg.run.fault), None
     start_time, wall_before = time.perf_counter(), 0.0 if resumed is None else resumed["wall_seconds"]
@@ -93,156 +93,96 @@ def fit(
         round_start = time.perf_counter()
         refreshed = round_idx % fed.refresh_every == 0
         if refreshed:
-            refresh = refresh_pseudo_labels(
-                fabric, collectives, model, clients, dataset.train, transform,
-                zero_shot_text if round_idx == 0 else None, round_idx // fed.refresh_every, method,
-                num_clients=num_clients, n_total=len(dataset.train), batch_size=optim.eval_batch_size,
-                num_workers=cfg.data.num_workers, progress=progress,
-            )
-            tuner.class_weights = refresh.class_weights
+            refresh = refresh_pseudo_labels(rank, round_idx == 0, round_idx // fed.refresh_every, method, len(rank.dataset.train))
+            rank.tuner.use_class_weights(refresh.class_weights)
 
-        joined = torch.from_numpy(participants(num_clients, fed.join_rate, cfg.run.seed, round_idx))
+        joined = torch.from_numpy(participants(fed.num_clients, fed.join_rate, cfg.run.seed, round_idx))
         weights = refresh.selected.sum(dim=1) * joined  # |D~_k| of the clients that train; 0 otherwise
-        local_losses, carried_optimizer = train_clients(
-            fabric, tuner, clients, dataset.train, transform, round_idx, weights, carried_optimizer, cfg, fault, progress
-        )
-        shared.update(aggregate(collectives, clients, shared, weights, num_clients))
-        accuracy, confusion = evaluate_clients(
-            fabric, collectives, model, clients, dataset.test, transform, cfg, with_confusion=round_idx == fed.rounds - 1
-        )
-        losses = collectives.gather_clients(local_losses, num_clients, like=torch.zeros(3), what="local losses")
+        local_losses, carried = train_clients(rank, round_idx, weights, carried, cfg.optim.optimizer_state, fault)
+        shared.update(aggregate(rank, shared, weights))
+        accuracy, confusion = evaluate_clients(rank, with_confusion=round_idx == fed.rounds - 1)
+        losses = rank.gather(local_losses, like=torch.zeros(4, dtype=torch.float64), what="local losses")
 
-        uploads = (weights > 0) * upload_bytes + (2 * dataset.num_classes * INT64_BYTES if refreshed else 0)
-        recorder.record_round(round_record(
-            round_idx, fed.rounds, refresh, refreshed, joined, weights, accuracy, losses, uploads,
-            lr=tuner.learning_rate((round_idx % fed.refresh_every) * fed.local_epochs),
-            seconds=time.perf_counter() - round_start,
-        ))
+        uploads = (weights > 0) * upload_bytes + (2 * rank.model.num_classes * INT64_BYTES if refreshed else 0)
+        seconds = time.perf_counter() - round_start
+        outcome = RoundOutcome(round_idx, refreshed, joined, weights, accuracy, losses, uploads, seconds)
+        recorder.record_round(round_record(outcome, fed.rounds, refresh))
         global_state = {
-            "shared": {name: t.cpu() for name, t in shared.items()}, "refresh": vars(refresh),
-            "carried_optimizer": carried_optimizer,
+            "shared": {name: t.cpu() for name, t in shared.items()}, "refresh": vars(refresh), "carried_optimizer": carried,
             "wall_seconds": wall_before + time.perf_counter() - start_time,  # over every session of the run
         }
-        checkpoint.save_round(
-            fabric, collectives, run_dir, round_idx, clients, global_state, cfg.run.keep_checkpoints, fault,
-            marker={"num_clients": num_clients, "world_size": fabric.world_size, "settings": result_settings(asdict(cfg))},
-        )
+        marker = {"num_clients": fed.num_clients, "world_size": fabric.world_size, "settings": result_settings(asdict(cfg))}
+        checkpoint.save_round(rank, run_dir.root, round_idx, global_state, marker, cfg.run.keep_checkpoints, fault)
         signal_code = STOP_SIGNALS.index(stop.received) + 1 if stop is not None and stop.received else 0
         signal_code = collectives.max_over_ranks(signal_code, what="stop request")  # did any rank get a signal?
         if signal_code and round_idx + 1 < fed.rounds:
             collectives.close()
-            return stop_early(fabric, cfg, stop, tuner, clients, shared, round_idx, STOP_SIGNALS[signal_code - 1])
+            return stop_early(rank, stop, shared, round_idx, fed.rounds, STOP_SIGNALS[signal_code - 1])
 
     if confusion is not None:  # None: a resumed run that had already finished its rounds
-        recorder.record_confusion(confusion, dataset.classnames)
+        recorder.record_confusion(confusion, rank.dataset.classnames)
     collectives.close()
-    recorder.save_prompts(shared, clients)
+    checkpoint.save_prompts(run_dir.path("prompts"), shared, rank.clients, write_shared=fabric.is_global_zero)
+    wall_seconds = wall_before + time.perf_counter() - start_time
+    domains = domain_summary(recorder.rounds, rank.dataset, fed.partition, fed.num_clients, fed.clients_per_domain)
     summary = recorder.finish(
         asdict(cfg),
-        {
-            "num_clients": num_clients, "world_size": fabric.world_size,
-            "wall_seconds": wall_before + time.perf_counter() - start_time,
-            "skipped_images": loading.skipped,
-            **domain_summary(recorder.rounds, dataset, cfg),
-        },
+        {"num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,
+         "skipped_images": skipped, **domains},
     )
-    return FitResult(summary, tuner, clients, shared)
+    return FitResult(summary, rank, shared)
 
 
-def stop_early(
-    fabric: Fabric, cfg: Config, stop: StopRequest, tuner: PromptTuner, clients: list[ClientState],
-    shared: dict[str, Tensor], round_idx: int, received: str,
-) -> FitResult:
-    if fabric.is_global_zero:
-        print(f"stopped after round {round_idx + 1} of {cfg.federation.rounds} on {received}; the checkpoint is committed")
+def gather_placement(rank: Rank) -> dict:
+    """placement.json: which node and local rank every rank is, and the clients it hosts."""
+    fabric = rank.fabric
+    hosts = rank.collectives.gather_ranks(torch.tensor([fabric.node_rank, fabric.local_rank]), what="placement")
+    environment = getattr(fabric.strategy, "cluster_environment", None)
+    name = type(environment).__name__ if environment is not None else None
+    return placement_table(rank.num_clients, [tuple(host) for host in hosts.tolist()], name)
+
+
+def stop_early(rank: Rank, stop: StopRequest, shared: dict[str, Tensor], round_idx: int, rounds: int, received: str) -> FitResult:
+    if rank.fabric.is_global_zero:
+        print(f"stopped after round {round_idx + 1} of {rounds} on {received}; the checkpoint is committed")
         stop.received = stop.received or received  # a peer's signal counts as this rank's
         outcome = stop.requeue()
         if outcome:
             print(outcome)
-    return FitResult(None, tuner, clients, shared, stopped_by=received)
+    return FitResult(None, rank, shared, stopped_by=received)
 
 
 def train_clients(
-    fabric: Fabric,
-    tuner: PromptTuner,
-    clients: list[ClientState],
-    split: ImageSplit,
-    transform,
-    round_idx: int,
-    weights: Tensor,
-    carried_optimizer: dict | None,
-    cfg: Config,
-    fault: Fault | None = None,
-    progress: Progress = QUIET,
+    rank: Rank, round_idx: int, weights: Tensor, carried: dict | None, mode: str, fault: Fault | None = None
 ) -> tuple[dict[int, Tensor], dict | None]:
     """Local training of this rank's clients that take part (weight > 0), one after the other.
 
-    Returns each trained client's mean (loss, loss_pos, loss_neg) and, for optim.optimizer_state=shared,
-    the momentum to hand to the next client.
+    Returns each trained client's (mean loss, loss_pos, loss_neg, first learning rate) and, for
+    optim.optimizer_state=shared (`mode`), the momentum to hand to the next client.
     """
-    mode, losses = cfg.optim.optimizer_state, {}
-    for client in progress.iterate(clients, f"round {round_idx + 1} clients"):
+    losses = {}
+    for client in rank.progress.iterate(rank.clients, f"round {round_idx + 1} clients"):
         if weights[client.client_id] == 0:
             continue
-        result = train_client(
-            fabric, tuner, client, split, transform, round_idx,
-            local_epochs=cfg.federation.local_epochs, refresh_every=cfg.federation.refresh_every,
-            batch_size=cfg.optim.batch_size, num_workers=cfg.data.num_workers, seed=cfg.run.seed,
-            optimizer_state={"reset": None, "client": client.optimizer_state, "shared": carried_optimizer}[mode],
-            log_every_n_steps=cfg.run.log_every_n_steps, progress=progress,
-        )
+        start = {"reset": None, "client": client.optimizer_state, "shared": carried}[mode]
+        result = train_client(rank, client, round_idx, start)
         client.optimizer_state = result.optimizer_state if mode == "client" else None
-        carried_optimizer = result.optimizer_state if mode == "shared" else None
-        losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg])
+        carried = result.optimizer_state if mode == "shared" else None
+        losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg, result.lr], dtype=torch.float64)
         if fault is not None and len(losses) == 1:
-            fault.trigger("train", round_idx, fabric.global_rank)
-    return losses, carried_optimizer
+            fault.trigger("train", round_idx, rank.fabric.global_rank)
+    return losses, carried
 
 
-def aggregate(
-    collectives: Collectives, clients: list[ClientState], shared: dict[str, Tensor], weights: Tensor, num_clients: int
-) -> dict[str, Tensor]:
+def aggregate(rank: Rank, shared: dict[str, Tensor], weights: Tensor) -> dict[str, Tensor]:
     """Average each shared prompt over the clients that trained (weights |D~_k|, in client-id order) and
     hand the average to every client, also those that sat the round out. Every rank calls this."""
     averaged = {}
     for name, current in shared.items():
-        uploads = {c.client_id: getattr(c, name) for c in clients if weights[c.client_id] > 0}
-        stacked = collectives.gather_clients(uploads, num_clients, like=current, what=f"{name} prompts")  # (K, *shape)
+        uploads = {c.client_id: getattr(c, name) for c in rank.clients if weights[c.client_id] > 0}
+        stacked = rank.gather(uploads, like=current, what=f"{name} prompts")  # (K, *shape)
         average = weighted_average(stacked, weights)
         averaged[name] = current if average is None else average
-        for client in clients:
+        for client in rank.clients:
             setattr(client, name, averaged[name])
     return averaged
-
-
-def evaluate_clients(
-    fabric: Fabric,
-    collectives: Collectives,
-    model: PromptedCLIP,
-    clients: list[ClientState],
-    split: ImageSplit,
-    transform,
-    cfg: Config,
-    zero_shot_text: Tensor | None = None,
-    with_confusion: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """(K, 2) [correct, total] of every client on its own test set with its prompts (the global visual
-    prompt and its own text prompt), or zero-shot CLIP with `zero_shot_text`; and with `with_confusion`
-    the clients' (K, C, C) confusion matrices from the same pass (else None)."""
-    counts, confusions = {}, {}
-    for client in clients:
-        model.load_prompts(client.visual, client.text_ctx)
-        labels = torch.from_numpy(split.labels[client.test_indices])
-        images = ClientImages(split, client.test_indices, transform, (labels,))
-        loader = make_loader(images, cfg.optim.eval_batch_size, cfg.data.num_workers)
-        logits, truth = predict(fabric, model, loader, zero_shot_text)
-        counts[client.client_id] = correct_and_total(logits, truth)
-        if with_confusion:
-            confusions[client.client_id] = confusion_matrix(logits, truth)
-    num_clients, num_classes = cfg.federation.num_clients, model.text_prompt.prefix.shape[0]
-    like = torch.zeros(2, dtype=torch.long)
-    accuracy = collectives.gather_clients(counts, num_clients, like=like, what="test accuracy counts")
-    if not with_confusion:
-        return accuracy, None
-    like = torch.zeros(num_classes, num_classes, dtype=torch.long)
-    return accuracy, collectives.gather_clients(confusions, num_clients, like=like, what="confusion matrices")

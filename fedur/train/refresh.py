@@ -4,16 +4,12 @@ client selects its share of a globally balanced training set (FedUR sec. 3.3-3.4
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import torch
-from lightning import Fabric
 from torch import Tensor
 
 from fedur.config import FedURConfig
-from fedur.data.datasets import ImageSplit
-from fedur.data.loaders import ClientImages, make_loader
-from fedur.federated.collectives import Collectives
 from fedur.federated.selection import (
     allocate,
     class_weights,
@@ -22,10 +18,10 @@ from fedur.federated.selection import (
     negative_mask,
     select_top,
 )
-from fedur.model.classifier import PromptedCLIP
-from fedur.train.client import ClientState, PseudoLabels
-from fedur.train.evaluate import predict
-from fedur.train.progress import QUIET, Progress
+from fedur.train.client import PseudoLabels
+
+if TYPE_CHECKING:
+    from fedur.train.rank import Rank
 
 
 @dataclass
@@ -39,49 +35,28 @@ class Refresh:
     class_weights: Tensor | None  # (C,) global weights of L_pos
 
 
-def refresh_pseudo_labels(
-    fabric: Fabric,
-    collectives: Collectives,
-    model: PromptedCLIP,
-    clients: list[ClientState],
-    split: ImageSplit,
-    transform: Callable,
-    zero_shot_text: Tensor | None,
-    refresh_idx: int,
-    method: FedURConfig,
-    *,
-    num_clients: int,
-    n_total: int,
-    batch_size: int,
-    num_workers: int,
-    progress: Progress = QUIET,
-) -> Refresh:
-    """Label every local client's train set with the zero-shot classifier (refresh 0, `zero_shot_text`
-    given) or with the client's current prompts (the global visual prompt and its own text prompt), then select.
+def refresh_pseudo_labels(rank: "Rank", zero_shot: bool, refresh_idx: int, method: FedURConfig, n_total: int) -> Refresh:
+    """Label every local client's train set with zero-shot CLIP (the first refresh) or with the client's
+    current prompts (the global visual prompt and its own text prompt), then select. Every rank calls this.
 
     Sets `client.pseudo_labels` of the local clients. The true labels are read only to count
-    `label_hits` for monitoring.
+    `label_hits` for monitoring. `n_total`: the size of the whole train set (the allocation's fallback).
     """
-    num_classes = model.text_prompt.prefix.shape[0]
-    probs, truth, kept = {}, {}, {}
-    for client in progress.iterate(clients, "pseudo-labelling clients"):
-        model.load_prompts(client.visual, client.text_ctx)
-        images = ClientImages(split, client.train_indices, transform, (torch.from_numpy(split.labels[client.train_indices]),))
-        batches = progress.iterate(make_loader(images, batch_size, num_workers), f"client {client.client_id} batches")
-        logits, truth[client.client_id] = predict(fabric, model, batches, zero_shot_text)
-        p = probs[client.client_id] = logits.softmax(dim=-1)
-        kept[client.client_id] = filter_mask(
-            p, method.confidence_filter, method.entropy_filter, method.confidence_quantile, method.entropy_quantile
-        )
+    num_classes = rank.model.num_classes
+    predictions = rank.predict("train", zero_shot, desc="pseudo-labelling clients")
+    probs = {k: logits.softmax(dim=-1) for k, (logits, _) in predictions.items()}
+    kept = {
+        k: filter_mask(p, method.confidence_filter, method.entropy_filter, method.confidence_quantile, method.entropy_quantile)
+        for k, p in probs.items()
+    }
     if method.cooperative_selection:
         estimated = {k: estimated_counts(probs[k], kept[k]) for k in probs}
-        all_estimated = collectives.gather_clients(  # the clients' only upload: C integers each
-            estimated, num_clients, like=torch.zeros(num_classes, dtype=torch.long), what="pseudo-label histograms"
-        )
+        like = torch.zeros(num_classes, dtype=torch.long)
+        all_estimated = rank.gather(estimated, like, what="pseudo-label histograms")  # the clients' only upload
         quotas = allocate(all_estimated, n_total, refresh_idx)
     local = {}
-    for client in clients:
-        p = probs[client.client_id]
+    for client in rank.clients:
+        p, truth = probs[client.client_id], predictions[client.client_id][1]
         if method.cooperative_selection:
             indices, labels = select_top(p, quotas[client.client_id])
         else:  # no allocation: every kept sample with its argmax label
@@ -91,13 +66,9 @@ def refresh_pseudo_labels(
         if negatives is None:
             negatives = torch.zeros(len(indices), num_classes, dtype=torch.bool)
         client.pseudo_labels = PseudoLabels(indices, labels, negatives)
-        hits = int((labels == truth[client.client_id][indices]).sum())
-        local[client.client_id] = torch.cat(
-            [torch.bincount(labels, minlength=num_classes), torch.tensor([hits, len(labels)])]
-        )
-    gathered = collectives.gather_clients(
-        local, num_clients, like=torch.zeros(num_classes + 2, dtype=torch.long), what="selected counts"
-    )
+        hits = int((labels == truth[indices]).sum())
+        local[client.client_id] = torch.cat([torch.bincount(labels, minlength=num_classes), torch.tensor([hits, len(labels)])])
+    gathered = rank.gather(local, torch.zeros(num_classes + 2, dtype=torch.long), what="selected counts")
     selected, label_hits = gathered[:, :num_classes], gathered[:, num_classes:]
     if not method.cooperative_selection:
         all_estimated = quotas = selected

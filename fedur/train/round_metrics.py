@@ -2,38 +2,42 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from fedur.config import Config
 from fedur.data.datasets import ImageDataset
 from fedur.data.partition import client_domains
-from fedur.train.recorder import accuracies, mean
+from fedur.metrics import accuracies, mean
 from fedur.train.refresh import Refresh
 
 
-def round_record(
-    round_idx: int,
-    rounds: int,
-    refresh: Refresh,
-    refreshed: bool,
-    joined: Tensor,
-    weights: Tensor,
-    accuracy: Tensor,
-    losses: Tensor,
-    uploads: Tensor,
-    lr: float,
-    seconds: float,
-) -> dict:
+@dataclass
+class RoundOutcome:
+    """What every rank knows at the end of a round, for all K clients (rows are client ids)."""
+
+    round_idx: int
+    refreshed: bool  # the round began with a pseudo-label refresh
+    joined: Tensor  # (K,) bool: sampled to take part (federation.join_rate)
+    weights: Tensor  # (K,) aggregation weight |D~_k| of each client that trained, else 0
+    accuracy: Tensor  # (K, 2) [correct, total] on the client's test set after aggregation
+    losses: Tensor  # (K, 4) mean loss, loss_pos, loss_neg and the first learning rate of each client that trained
+    uploads: Tensor  # (K,) bytes each client sent
+    seconds: float
+
+
+def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh) -> dict:
     """One line of metrics.jsonl: every per-client list is indexed by client id."""
-    trained = (weights > 0).tolist()
-    client_acc = accuracies(accuracy)
+    trained = (outcome.weights > 0).tolist()
+    refreshed, losses = outcome.refreshed, outcome.losses
 
     def per_trained(column: int) -> list[float | None]:
         return [float(losses[k, column]) if t else None for k, t in enumerate(trained)]
 
+    client_acc = accuracies(outcome.accuracy)
     return {
-        "round": round_idx,
+        "round": outcome.round_idx,
         "rounds": rounds,
         "mean_accuracy": mean(client_acc),
         "client_accuracy": client_acc,
@@ -43,20 +47,19 @@ def round_record(
         "selection": refresh.selected.tolist() if refreshed else None,  # (K, C)
         "class_weights": refresh.class_weights.tolist() if refreshed and refresh.class_weights is not None else None,
         "refreshed": refreshed,
-        "participants": torch.nonzero(joined).flatten().tolist(),
-        "lr": lr,
+        "participants": torch.nonzero(outcome.joined).flatten().tolist(),
+        "lr": next((float(losses[k, 3]) for k, t in enumerate(trained) if t), None),  # the same for every client
         "loss": per_trained(0),
         "loss_pos": per_trained(1),
         "loss_neg": per_trained(2),
-        "round_seconds": seconds,
-        "bytes_sent": uploads.tolist(),
+        "round_seconds": outcome.seconds,
+        "bytes_sent": outcome.uploads.tolist(),
     }
 
 
-def domain_summary(rounds: list[dict], dataset: ImageDataset, cfg: Config) -> dict:
+def domain_summary(rounds: list[dict], dataset: ImageDataset, partition: str, num_clients: int, clients_per_domain: int) -> dict:
     """Feature-skew tables report each domain's accuracy as the mean over that domain's clients."""
-    fed = cfg.federation
-    domains = client_domains(fed.partition, fed.num_clients, fed.clients_per_domain)
+    domains = client_domains(partition, num_clients, clients_per_domain)
     if domains is None or not rounds or not dataset.domain_names:
         return {}
     final = rounds[-1]["client_accuracy"]

@@ -1,39 +1,44 @@
-"""What a rank builds before the first round: the data (decoded once into the image cache) and its split
-across clients, the frozen backbone with its prompt slots, and the state of the clients it hosts."""
+"""What a rank builds before the first round: the frozen backbone with its prompt slots, the data (decoded
+once into the image cache) and its split across clients, and the state of the clients placed on it."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 from lightning import Fabric
 
 from fedur.config import Config
-from fedur.data.cache import PreparedData, prepare_splits, stderr_progress
+from fedur.data.cache import prepare_splits, stderr_progress
 from fedur.data.datasets import ImageDataset, build_dataset
-from fedur.data.partition import split_clients
+from fedur.data.partition import class_histogram, split_clients
+from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
 from fedur.model.classifier import PromptedCLIP
-from fedur.model.clip import FrozenCLIP, load_clip
+from fedur.model.clip import load_clip, zero_shot_weights
 from fedur.train.client import ClientState
 from fedur.train.module import PromptTuner
+from fedur.train.progress import Progress
+from fedur.train.rank import LocalWork, Rank
 
 
-def setup(fabric: Fabric, cfg: Config) -> tuple[ImageDataset, FrozenCLIP, PromptTuner, list[ClientState], PreparedData]:
-    """The data (decoded once into the image cache) and its split, the frozen backbone with its prompt
-    slots on this rank, and this rank's clients."""
-    d = cfg.data
+def setup(
+    fabric: Fabric, collectives: Collectives, cfg: Config, progress: Progress
+) -> tuple[Rank, tuple[np.ndarray, np.ndarray], list[str]]:
+    """This rank; every client's (K, C) class counts of its train and of its test images (the split is the
+    same pure function on every rank); and the images left out as unreadable (data.corrupt_images: skip)."""
+    d, fed, optim, method = cfg.data, cfg.federation, cfg.optim, cfg.fedur
     with fabric.rank_zero_first():  # rank 0 downloads and decodes, the others then read its copy
-        dataset = load_data(cfg)
         torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
         clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
+        dataset = load_data(cfg)
         loading = prepare_splits(
             dataset.train, dataset.test, clip.preprocess, clip.image_size, cache=d.cache, cache_dir=d.cache_dir,
             dataset_key=f"{d.name}:{os.path.abspath(d.root) if d.root else ''}", corrupt=d.corrupt_images,
             progress=stderr_progress() if fabric.is_global_zero and cfg.run.progress else None,
         )
     dataset.train, dataset.test = loading.train, loading.test  # without skipped images, rows of the cache
-    fed, optim, method = cfg.federation, cfg.optim, cfg.fedur
     train_parts, test_parts = split_clients(
         fed.partition, dataset.train.labels, dataset.test.labels, dataset.train.domains, dataset.test.domains,
         num_clients=fed.num_clients, beta=fed.beta, class_fraction=fed.class_fraction,
@@ -45,13 +50,18 @@ def setup(fabric: Fabric, cfg: Config) -> tuple[ImageDataset, FrozenCLIP, Prompt
     )
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     tuner = PromptTuner(
-        model, optim.lr, optim.momentum, optim.weight_decay, fed.refresh_every * fed.local_epochs,
+        model, optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every,
         method.negatives, method.tau_neg, method.neg_loss_weight,
     ).to(fabric.device)
     visual, text = model.prompts()  # every client starts from the same prompts
     local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank)
     clients = [ClientState(k, train_parts[k], test_parts[k], visual, text) for k in local_ids]
-    return dataset, clip, tuner, clients, loading
+    work = LocalWork(optim.batch_size, optim.eval_batch_size, d.num_workers, cfg.run.seed, cfg.run.log_every_n_steps)
+    zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
+    rank = Rank(fabric, collectives, tuner, clients, dataset, loading.transform, zero_shot_text, fed.num_clients, work, progress)
+    counts = tuple(class_histogram(s.labels, parts, dataset.num_classes)
+                   for s, parts in ((dataset.train, train_parts), (dataset.test, test_parts)))
+    return rank, counts, loading.skipped
 
 
 def load_data(cfg: Config) -> ImageDataset:
@@ -64,12 +74,11 @@ def load_data(cfg: Config) -> ImageDataset:
     )
 
 
-def describe(fabric: Fabric, cfg: Config, dataset: ImageDataset, clients: list[ClientState]) -> str:
-    sizes = [len(c.train_indices) for c in clients]
+def describe(rank: Rank, cfg: Config) -> str:
+    """The run's first line: the data, the federation and where it runs."""
+    fed, dataset = cfg.federation, rank.dataset
     return (
         f"fedur: {dataset.name} ({dataset.num_classes} classes, {len(dataset.train)} train / {len(dataset.test)} test), "
-        f"{cfg.federation.num_clients} clients on {fabric.world_size} rank(s) "
-        f"[rank 0 hosts {[c.client_id for c in clients]}, train sizes {min(sizes)}-{max(sizes)}], "
-        f"{cfg.federation.partition} split, "
-        f"{cfg.federation.rounds} rounds x {cfg.federation.local_epochs} local epochs, device {fabric.device}"
+        f"{fed.num_clients} clients on {rank.fabric.world_size} rank(s), {fed.partition} split, "
+        f"{fed.rounds} rounds x {fed.local_epochs} local epochs, device {rank.fabric.device}"
     )

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedur.federated.placement import PlacementError, clients_on_rank
+from fedur.federated.placement import clients_on_rank, placement_lines, placement_table
 from fedur.federated.streams import client_generator, participants
 
 
@@ -11,9 +11,18 @@ def test_contiguous_balanced_blocks():
     assert clients_on_rank(4, 1, 0) == [0, 1, 2, 3]
 
 
-def test_fewer_clients_than_ranks_is_refused():
-    with pytest.raises(PlacementError, match="num_clients=2"):
-        clients_on_rank(2, 4, 0)
+def test_more_ranks_than_clients_leaves_spare_ranks():
+    """CUB's 5 clients on 8 GPUs: ranks 0-4 host one client each, ranks 5-7 none."""
+    assert [clients_on_rank(5, 8, r) for r in range(8)] == [[0], [1], [2], [3], [4], [], [], []]
+    table = placement_table(5, [(r // 4, r % 4) for r in range(8)], "SLURMEnvironment")  # 2 nodes x 4
+    assert table["num_nodes"] == 2 and table["world_size"] == 8
+    assert table["ranks"][4] == {"rank": 4, "node": 1, "local_rank": 0, "clients": [4]}
+    assert placement_lines(table) == [
+        *(f"rank {r} (node {r // 4}, local rank {r % 4}) hosts clients [{r}]" for r in range(5)),
+        "ranks 5, 6, 7 host no client (5 clients on 8 ranks) and take part in every exchange",
+    ]
+    every = sorted(k for r in range(8) for k in clients_on_rank(5, 8, r))
+    assert every == list(range(5))
 
 
 def test_client_streams_are_pure_functions_of_ids():

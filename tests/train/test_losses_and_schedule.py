@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedur.train.losses import negative_loss, positive_loss
-from fedur.train.module import cosine_lr
+from fedur.train.module import PromptTuner, cosine_factor
 
 
 def test_weighted_cross_entropy_by_hand():
@@ -26,7 +26,31 @@ def test_negative_loss_by_hand():
 
 
 def test_cosine_schedule_over_a_refresh_period():
-    assert cosine_lr(0.1, 0, 50) == pytest.approx(0.1)
-    assert cosine_lr(0.1, 10, 50) == pytest.approx(0.0904508, rel=1e-5)  # first epoch of round 1
-    assert cosine_lr(0.1, 25, 50) == pytest.approx(0.05)
-    assert cosine_lr(0.1, 49, 50) == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi * 49 / 50)))
+    assert cosine_factor(0, 0, 50) == pytest.approx(1.0)
+    assert cosine_factor(0, 10, 50) == pytest.approx(0.904508, rel=1e-5)  # first epoch of round 1
+    assert cosine_factor(5, 20, 50) == pytest.approx(0.5)
+    assert cosine_factor(9, 40, 50) == pytest.approx(0.5 * (1 + math.cos(math.pi * 49 / 50)))
+
+
+def test_the_tuners_scheduler_restarts_at_every_refresh(tiny_clip):
+    """configure_optimizers gives SGD and its LR scheduler, positioned at the round's first local epoch of its
+    pseudo-label period: lr0 (1 + cos(pi e / E)) / 2, e counted from the last refresh (E = 3 rounds x 2 epochs)."""
+    from fedur.model.classifier import PromptedCLIP
+
+    model = PromptedCLIP(tiny_clip, ["cat", "dog"], n_ctx=2, visual_tokens=1, visual_depth=1, init_std=0.02, seed=1)
+    tuner = PromptTuner(model, lr=0.2, local_epochs=2, refresh_every=3)
+    lrs = {}
+    for round_idx in range(4):
+        optimization = tuner.configure_optimizers(round_idx)
+        optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+        assert optimization["lr_scheduler"]["interval"] == "epoch"
+        assert {id(p) for p in optimizer.param_groups[0]["params"]} == {id(p) for p in model.trainable_parameters()}
+        epochs = []
+        for _ in range(2):
+            epochs.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        lrs[round_idx] = epochs
+    expected = [0.2 * 0.5 * (1 + math.cos(math.pi * e / 6)) for e in range(6)]
+    assert lrs[0] + lrs[1] + lrs[2] == pytest.approx(expected)
+    assert lrs[3] == pytest.approx(expected[:2])  # round 3 starts the next period

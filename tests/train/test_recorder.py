@@ -2,25 +2,18 @@
 
 import io
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from fedur.federated.collectives import Collectives
+from fedur.data.partition import class_histogram
+from fedur.federated.placement import placement_table
 from fedur.train.progress import Progress, eta_seconds, format_duration
-from fedur.train.recorder import Recorder, ResumeError, client_histograms, summary_table
+from fedur.train.recorder import Recorder, summary_table
+from fedur.train.run_dir import RunDir, RunDirError
 
 from ..conftest import scalar_curve, tensorboard_events
-
-
-class OneRank:
-    """What the recorder and Collectives need from Fabric, for a single process."""
-
-    is_global_zero, global_rank, node_rank, local_rank, world_size = True, 0, 0, 0, 1
-    device = torch.device("cpu")
-    strategy = SimpleNamespace()  # no cluster_environment: a single-device run
 
 
 def row(round_idx: int, accuracy: list[float | None], rounds: int = 4, selected=(5, 3)) -> dict:
@@ -43,13 +36,13 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     for folder in (straight, resumed):
         folder.mkdir()
-    recorder = Recorder(OneRank(), straight)
+    recorder = Recorder(RunDir(straight), enabled=True)
     recorder.record_zero_shot(ZERO_SHOT)
     for r, acc in enumerate(ACCURACY):
         recorder.record_round(row(r, acc))
     recorder.finish({"seed": 1}, {})
 
-    stopped = Recorder(OneRank(), resumed)  # stops after round index 2, in the middle of writing round 3
+    stopped = Recorder(RunDir(resumed), enabled=True)  # stops after round index 2, in the middle of writing round 3
     stopped.record_zero_shot(ZERO_SHOT)
     for r, acc in enumerate(ACCURACY[:2] + [[99.0, 99.0]]):  # round 2 logged, then lost with the checkpoint
         stopped.record_round(row(r, acc))
@@ -57,7 +50,8 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
     with open(resumed / "metrics.jsonl", "a") as f:
         f.write('{"round": 3, "mean_acc')
 
-    again = Recorder(OneRank(), resumed, start_round=2)  # the last checkpoint holds rounds 0 and 1
+    history = RunDir(resumed).history(2, cut=True)  # the last checkpoint holds rounds 0 and 1
+    again = Recorder(RunDir(resumed), True, history, start_round=2)
     assert [r["round"] for r in again.rounds] == [0, 1] and again.zero_shot == recorder.zero_shot
     assert len((resumed / "metrics.jsonl").read_text().splitlines()) == 2
     again.record_zero_shot(ZERO_SHOT)  # logged before: not again
@@ -75,22 +69,19 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
 def test_resume_without_the_rounds_it_needs_says_so(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps(row(0, ACCURACY[0])) + "\n")
     (tmp_path / "zero_shot.json").write_text("{}")
-    with pytest.raises(ResumeError, match="holds only 1 complete rounds"):
-        Recorder(OneRank(), tmp_path, start_round=2)
-    with pytest.raises(ResumeError, match="missing"):
-        Recorder(OneRank(), tmp_path / "elsewhere", start_round=1)
+    with pytest.raises(RunDirError, match="holds only 1 complete rounds"):
+        RunDir(tmp_path).history(2, cut=True)
+    with pytest.raises(RunDirError, match="missing"):
+        RunDir(tmp_path / "elsewhere").history(1, cut=False)
 
 
 def test_run_files_and_tensorboard_tags(tmp_path, capsys):
-    recorder = Recorder(OneRank(), tmp_path)
-    clients = [SimpleNamespace(client_id=0, train_indices=np.array([0, 1, 2]), test_indices=np.array([0])),
-               SimpleNamespace(client_id=1, train_indices=np.array([3, 4]), test_indices=np.array([1, 2]))]
-    train_hist, test_hist = client_histograms(
-        Collectives(OneRank()), clients, np.array([0, 0, 2, 1, 1]), np.array([2, 0, 0]), num_classes=3, num_clients=2
-    )
+    recorder = Recorder(RunDir(tmp_path), enabled=True)
+    train_hist = class_histogram(np.array([0, 0, 2, 1, 1]), [np.array([0, 1, 2]), np.array([3, 4])], 3)
+    test_hist = class_histogram(np.array([2, 0, 0]), [np.array([0]), np.array([1, 2])], 3)
     assert train_hist.tolist() == [[2, 0, 1], [0, 2, 0]] and test_hist.tolist() == [[0, 0, 1], [2, 0, 0]]
     recorder.start("seed: 1\n", "two clients")
-    recorder.record_placement(Collectives(OneRank()), clients, 2)
+    recorder.record_placement(placement_table(2, [(0, 0)], None))
     recorder.record_partition(train_hist, test_hist, ["cat", "dog", "owl"])
     recorder.record_zero_shot(ZERO_SHOT)
     recorder.record_round(row(0, ACCURACY[0], rounds=1))
@@ -114,6 +105,30 @@ def test_run_files_and_tensorboard_tags(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "rank 0 (node 0, local rank 0) hosts clients [0, 1]" in out
     assert "round   1/1  acc 30.00%" in out and "eta 0s" in out
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "config.yaml", "placement.json", "partition.json", "partition_train.png", "partition_test.png",
+        "zero_shot.json", "metrics.jsonl", "confusion.json", "summary.json", "tensorboard",
+    }
+
+
+def test_only_rank_zero_records(tmp_path, capsys):
+    """The other ranks keep the rounds (for the summary they return) but write and print nothing."""
+    recorder = Recorder(RunDir(tmp_path), enabled=False)
+    recorder.start("seed: 1\n", "two clients")
+    recorder.record_zero_shot(ZERO_SHOT)
+    recorder.record_round(row(0, ACCURACY[0], rounds=1))
+    summary = recorder.finish({"seed": 1}, {})
+    assert summary["final_mean_accuracy"] == 30.0 and list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().out == ""
+
+
+def test_a_run_directory_refuses_undeclared_files(tmp_path):
+    """Every output goes through RunDir.path, so `run.resume auto` knows every file a run can leave."""
+    run_dir = RunDir(tmp_path)
+    assert run_dir.path("prompts/client_000.pt") == tmp_path / "prompts" / "client_000.pt"
+    assert run_dir.path("config.resumed-at-round-3.yaml").name == "config.resumed-at-round-3.yaml"
+    with pytest.raises(KeyError, match="declare it in fedur/train/run_dir.py LAYOUT"):
+        run_dir.path("notes.txt")
 
 
 def test_summary_table_per_client_and_mean():

@@ -1,0 +1,133 @@
+"""The launch environment, read in one place: what `fabric run`, torchrun, srun or Fabric's own launcher
+told this process, and the Fabric built from it.
+
+`fabric run` passes its flags to the processes it starts as LT_* variables and constructs the process
+group when `Fabric(...)` is built; a plain `python fedur/main.py` leaves the launch to `fabric.launch()`.
+Before a process group exists, the launcher's variables are the only way to know this process's rank
+(so that an error is printed once, by rank 0) and how many processes there will be (so that DDP gets
+fedur's timeout). After the launch, `fabric.world_size` and `fabric.global_rank` answer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Mapping
+
+import torch
+
+from fedur.config import FabricConfig
+
+SUPPORTED_PRECISION = {"32-true": "32-true", "32": "32-true", "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed"}
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What the launcher set for this process (None: not set)."""
+
+    cli: bool  # started by `fabric run`: the processes and the process group already exist
+    is_rank_zero: bool  # the first (or only) process of the job: the one that prints
+    world_size: int | None  # processes in the job, when a launcher said so
+    accelerator: str | None  # `fabric run --accelerator`, ...
+    devices: str | None
+    num_nodes: int | None
+    strategy: str | None
+    precision: str | None
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] = os.environ) -> "LaunchEnv":
+        world_size = environ.get("WORLD_SIZE")  # torchrun (`fabric run`), Fabric's own launcher
+        if world_size is None and _under_slurm():
+            world_size = environ.get("SLURM_NTASKS")
+        if "RANK" in environ:
+            rank_zero = environ["RANK"] == "0"
+        elif _under_slurm() and "SLURM_PROCID" in environ:
+            rank_zero = environ["SLURM_PROCID"] == "0"
+        else:  # Fabric's own launcher sets LOCAL_RANK (and NODE_RANK) in the processes it starts
+            rank_zero = environ.get("LOCAL_RANK", "0") == "0" and environ.get("NODE_RANK", "0") == "0"
+        nodes = environ.get("LT_NUM_NODES")
+        return cls(
+            cli=environ.get("LT_CLI_USED") == "1",
+            is_rank_zero=rank_zero,
+            world_size=int(world_size) if world_size and world_size.isdigit() else None,
+            accelerator=environ.get("LT_ACCELERATOR"),
+            devices=environ.get("LT_DEVICES"),
+            num_nodes=int(nodes) if nodes else None,
+            strategy=environ.get("LT_STRATEGY"),
+            precision=environ.get("LT_PRECISION"),
+        )
+
+    def expected_world_size(self, settings: FabricConfig) -> int:
+        """The number of processes this launch will have, known before any process group exists."""
+        if self.world_size is not None:
+            return self.world_size
+        devices = self.devices if self.devices is not None else settings.devices
+        if isinstance(devices, str) and "," in devices:
+            count = len([d for d in devices.split(",") if d.strip()])
+        elif str(devices) in ("auto", "-1"):
+            count = torch.cuda.device_count() if self.uses_cuda(settings) else 1
+        else:
+            count = int(devices)
+        return max(count, 1) * (self.num_nodes or settings.num_nodes)
+
+    def uses_cuda(self, settings: FabricConfig) -> bool:
+        accelerator = self.accelerator or settings.accelerator
+        return accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+
+    def precision_error(self) -> str | None:
+        """Why `fabric run --precision` cannot be used, or None."""
+        if self.precision is None or self.precision in SUPPORTED_PRECISION:
+            return None
+        return (
+            f"precision {self.precision!r} from `fabric run --precision` is not supported; use 32-true or bf16-mixed "
+            "(16-mixed keeps one GradScaler per process, which would couple the clients sharing a rank)"
+        )
+
+    def resolved_precision(self, settings: FabricConfig) -> str:
+        """The precision the run computes in: `fabric run --precision`, else `fabric.precision`, where
+        auto is bf16-mixed on CUDA and 32-true on CPU (bf16 matmuls on CPUs without AMX are 20-45x slower)."""
+        if self.precision is not None:
+            return SUPPORTED_PRECISION.get(self.precision, self.precision)
+        if settings.precision != "auto":
+            return settings.precision
+        return "bf16-mixed" if self.uses_cuda(settings) else "32-true"
+
+
+def _under_slurm() -> bool:
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return SLURMEnvironment.detect()
+
+
+def make_fabric(settings: FabricConfig, env: LaunchEnv, wait_timeout: float = 10800.0):
+    """Fabric, launched, with DDP's process-group timeout set to `wait_timeout`: how long a rank waits in a
+    collective for live peers (dead peers are caught sooner by the heartbeat in federated/collectives.py)."""
+    from lightning import Fabric
+    from lightning.fabric.strategies import DDPStrategy
+
+    strategy = env.strategy or settings.strategy
+    if strategy in ("auto", "ddp", "ddp_spawn") and env.expected_world_size(settings) > 1:
+        os.environ.pop("LT_STRATEGY", None)  # `fabric run --strategy ddp`: the same strategy, built here
+        strategy = DDPStrategy(
+            timeout=timedelta(seconds=wait_timeout), start_method="spawn" if strategy == "ddp_spawn" else "popen"
+        )
+    fabric = Fabric(
+        accelerator=settings.accelerator,
+        strategy=strategy,
+        devices=settings.devices,
+        num_nodes=settings.num_nodes,
+        precision=None if env.precision is not None else env.resolved_precision(settings),  # fabric run's flag wins
+    )
+    if not env.cli:  # under `fabric run` the processes already exist
+        fabric.launch()
+    return fabric
+
+
+def set_threads(fabric, threads: int | None) -> int:
+    """Compute threads per rank from the config, not from the launcher (fabric run sets OMP_NUM_THREADS)."""
+    ranks_here = getattr(fabric.strategy, "num_processes", 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # SLURM's cpus
+    threads = threads or max(1, cores // ranks_here)
+    torch.set_num_threads(threads)
+    return threads

@@ -1,0 +1,169 @@
+"""What a run directory contains, and what a new run, a restart and a resume do with it.
+
+Every file or folder a run writes is declared in LAYOUT, and every writer gets its path from
+`RunDir.path`, which refuses an undeclared name. So the rules below always cover every output:
+
+- a new run only starts in a directory that does not exist or is empty;
+- `run.resume auto` in a directory without a committed round (a job that died before its first commit)
+  clears what fedur wrote there (LAYOUT's entries) and starts over; anything else there stops it;
+- a resume continues from the newest committed round (`checkpoints/`, see checkpoint.py) and reads back
+  the rest of what it needs: the metrics rows of the committed rounds (metrics.jsonl is cut back to
+  them, so that it ends as an uninterrupted run's would) and the zero-shot results (zero_shot.json).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedur.train import checkpoint
+
+LAYOUT: dict[str, str] = {
+    "config.yaml": "the resolved settings",
+    "config.resumed-at-round-*.yaml": "the settings of a resumed session",
+    "metrics.jsonl": "one line per round",
+    "summary.json": "final and best accuracies, zero-shot, placement, settings (a finished run)",
+    "placement.json": "which rank and node hosts each client",
+    "partition.json": "each client's class histogram, train and test",
+    "partition_train.png": "client x class heatmap of the train split",
+    "partition_test.png": "client x class heatmap of the test split",
+    "zero_shot.json": "zero-shot CLIP per client and on the whole test set",
+    "confusion.json": "the final round's confusion matrix",
+    "tensorboard": "TensorBoard events",
+    "prompts": "the final prompts: global.pt and client_XXX.pt",
+    checkpoint.CHECKPOINTS: "a committed checkpoint after each round",
+}
+METRICS, ZERO_SHOT = "metrics.jsonl", "zero_shot.json"
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used as asked; the message says what to do."""
+
+
+@dataclass
+class History:
+    """What a resumed run reads back: the metrics rows of its committed rounds and its zero-shot results."""
+
+    rounds: list[dict] = field(default_factory=list)
+    zero_shot: dict = field(default_factory=dict)
+
+
+class RunDir:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, name: str) -> Path:
+        """The path of one of LAYOUT's entries (`name` may also be a file inside a declared folder)."""
+        top = name.split("/")[0]
+        if not any(fnmatch.fnmatchcase(top, pattern) for pattern in LAYOUT):
+            raise KeyError(f"{name} is not part of a run directory: declare it in fedur/train/run_dir.py LAYOUT")
+        return self.root / name
+
+    def fedur_entries(self) -> tuple[list[str], list[str]]:
+        """(names fedur writes, other names) of what the directory holds now."""
+        names = sorted(p.name for p in self.root.iterdir()) if self.root.is_dir() else []
+        ours = [n for n in names if any(fnmatch.fnmatchcase(n, pattern) for pattern in LAYOUT)]
+        return ours, [n for n in names if n not in ours]
+
+    def check_new(self) -> None:
+        """A new run needs a directory that does not exist or is empty: no run overwrites another."""
+        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
+            hint = " (it holds a checkpoint: add --run.resume true to continue it)" if checkpoint.committed_rounds(self.root) else ""
+            raise RunDirError(f"run.output_dir={self.root} already exists and is not empty{hint}; choose a new run.output_dir")
+
+    def clear_without_commit(self) -> list[str]:
+        """Remove what a run that died before its first commit left, so that it can start over; refuses,
+        removing nothing, when anything fedur does not write is there."""
+        ours, foreign = self.fedur_entries()
+        if foreign or checkpoint.committed_rounds(self.root):
+            raise RunDirError(
+                f"{self.root} has no committed checkpoint to resume but holds {', '.join(foreign[:5]) or 'committed rounds'}; "
+                "choose a new run.output_dir"
+            )
+        for name in ours:
+            path = self.root / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        return ours
+
+    def history(self, rounds: int, cut: bool) -> History:
+        """What a resume at round index `rounds` reads back; with `cut` (rank 0), metrics.jsonl is cut right
+        after those rows (in place: other ranks may read the first bytes meanwhile)."""
+        if rounds == 0:
+            return History()
+        path = self.path(METRICS)
+        if not path.is_file():
+            raise RunDirError(f"cannot resume at round {rounds}: {path} is missing; resume needs the run directory it wrote")
+        lines = path.read_bytes().split(b"\n")[:-1]  # the last piece is empty or a partly written line
+        if len(lines) < rounds:
+            raise RunDirError(
+                f"cannot resume at round {rounds}: {path} holds only {len(lines)} complete rounds; the checkpoint is "
+                "newer than the metrics, so resume from an earlier checkpoint or start a new run.output_dir"
+            )
+        rows = [json.loads(line) for line in lines[:rounds]]
+        if [r["round"] for r in rows] != list(range(rounds)):
+            raise RunDirError(f"{path}: rounds {[r['round'] for r in rows]} are not 0..{rounds - 1} in order")
+        zero_shot = self.path(ZERO_SHOT)
+        if not zero_shot.is_file():
+            raise RunDirError(f"cannot resume at round {rounds}: {zero_shot} is missing")
+        if cut:
+            os.truncate(path, sum(len(line) + 1 for line in lines[:rounds]))
+        return History(rows, json.loads(zero_shot.read_text()))
+
+
+def resolve(
+    output_dir: str | None, resume: bool | str, force: bool, num_clients: int, settings: dict
+) -> tuple[RunDir | None, checkpoint.Committed | None]:
+    """The run directory (None: a new timestamped one) and the committed round to continue from (None: a
+    fresh run), decided before any compute from run.output_dir / run.resume / run.force_resume.
+
+    Refuses: a resume without a run directory or committed round, an unreadable checkpoint, another
+    number of clients, and changed result-affecting `settings` (unless `force`).
+    """
+    if resume is False:
+        if output_dir is not None:
+            RunDir(output_dir).check_new()
+        return (None if output_dir is None else RunDir(output_dir)), None
+    if isinstance(resume, str) and resume != "auto":
+        if output_dir is not None and Path(output_dir).resolve() != Path(resume).resolve():
+            raise RunDirError(f"run.resume={resume} and run.output_dir={output_dir} name different runs; give one")
+        if not Path(resume).is_dir():
+            raise RunDirError(f"run.resume={resume} does not exist; give the directory of the run to continue")
+        output_dir = resume
+    if output_dir is None:
+        raise RunDirError("run.resume needs run.output_dir: the directory of the run to continue")
+    run_dir = RunDir(output_dir)
+    committed = checkpoint.latest(run_dir.root)
+    if committed is None:
+        if resume != "auto":
+            raise RunDirError(
+                f"no committed checkpoint under {output_dir}/{checkpoint.CHECKPOINTS}/ to resume from "
+                "(a run commits one after each round); start a new run instead"
+            )
+        return run_dir, None  # nothing committed yet: start over (main clears the directory on rank 0)
+    if committed.marker["num_clients"] != num_clients:
+        raise RunDirError(
+            f"the checkpoint in {committed.folder} has {committed.marker['num_clients']} clients, "
+            f"federation.num_clients is {num_clients}"
+        )
+    changed = settings_diff(committed.marker["settings"], settings)
+    if changed and not force:
+        raise RunDirError(
+            f"settings that change results differ from the checkpoint in {committed.folder}:\n  "
+            + "\n  ".join(changed) + "\nrestore them, or pass --run.force_resume true to continue anyway"
+        )
+    checkpoint.verify(committed, num_clients)
+    return run_dir, committed
+
+
+def settings_diff(saved: dict, now: dict) -> list[str]:
+    """`key: old (checkpoint) -> new (now)` for every setting that differs."""
+    keys = sorted(set(saved) | set(now))
+    missing = "<absent>"
+    return [
+        f"{key}: {saved.get(key, missing)!r} (checkpoint) -> {now.get(key, missing)!r} (now)"
+        for key in keys if saved.get(key, missing) != now.get(key, missing)
+    ]
