@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import socket
 import tempfile
 from collections import defaultdict
@@ -9,8 +11,10 @@ import torch
 
 # Tests never touch the network: open_clip's hub lookups fail at once instead of retrying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Decoded-image caches of test runs go to a throwaway folder, not ~/.cache/fedur.
-os.environ.setdefault("FEDUR_CACHE_DIR", tempfile.mkdtemp(prefix="fedur-test-cache-"))
+# Decoded-image caches of test runs go to a throwaway folder, not ~/.cache/fedur, removed at the end.
+if "FEDUR_CACHE_DIR" not in os.environ:
+    os.environ["FEDUR_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedur-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["FEDUR_CACHE_DIR"], ignore_errors=True)
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]

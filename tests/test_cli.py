@@ -45,7 +45,7 @@ def test_help_documents_every_option(run_main):
 
 
 def test_print_config_and_overrides(run_main):
-    out = run_main("--config", "configs/smoke.yaml", "--federation.rounds", "7", "--print_config").stdout
+    out = run_main("--config", "tests/tiny.yaml", "--federation.rounds", "7", "--print_config").stdout
     assert "rounds: 7" in out and "name: fedur-tiny" in out
 
 
@@ -71,7 +71,7 @@ def test_overrides_and_later_configs_win(tmp_path):
 def test_settings_out_of_range_fail_at_parse_time(override, message):
     """The ranges live in config.py's annotations: jsonargparse refuses such values and --help shows them."""
     with pytest.raises(ArgumentError) as error:
-        parse_config(["--config", "configs/smoke.yaml", *override])
+        parse_config(["--config", "tests/tiny.yaml", *override])
     assert message in " ".join(str(error.value).split())
 
 
@@ -85,14 +85,14 @@ def test_settings_out_of_range_fail_at_parse_time(override, message):
     ],
 )
 def test_settings_that_do_not_fit_together_fail_before_compute(override, message):
-    cfg, _ = parse_config(["--config", "configs/smoke.yaml", *override])
+    cfg, _ = parse_config(["--config", "tests/tiny.yaml", *override])
     with pytest.raises(Exception, match=re.escape(message)):
         validate(cfg, LaunchEnv.read({}))
 
 
 def test_bad_input_exits_2_and_touches_nothing(tmp_path, run_main):
     out_dir = tmp_path / "run"
-    result = run_main("--config", "configs/smoke.yaml", "--federation.beta", "-1", "--run.output_dir", str(out_dir))
+    result = run_main("--config", "tests/tiny.yaml", "--federation.beta", "-1", "--run.output_dir", str(out_dir))
     assert result.returncode == 2
     assert result.stderr == 'fedur: error: Parser key "federation.beta": Not of type PositiveFloat: -1 does not conform to restriction v>0\n'
     assert not out_dir.exists()
@@ -108,7 +108,7 @@ def test_offline_real_config_stops_at_once_with_what_to_download(run_main):
 
 def test_existing_run_directory_is_never_overwritten(tmp_path, run_main):
     (tmp_path / "keep.txt").write_text("earlier results")
-    result = run_main("--config", "configs/smoke.yaml", "--run.output_dir", str(tmp_path))
+    result = run_main("--config", "tests/tiny.yaml", "--run.output_dir", str(tmp_path))
     assert result.returncode == 2 and "not empty" in result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
 
@@ -125,7 +125,7 @@ def test_precision_auto_and_fabric_run_flags():
     assert cli.cli and not cli.is_rank_zero and cli.expected_world_size(FabricConfig()) == 3
     assert LaunchEnv.read({"LT_DEVICES": "4", "LT_NUM_NODES": "2"}).expected_world_size(FabricConfig(accelerator="cpu")) == 8
     assert not LaunchEnv.read({"LOCAL_RANK": "1"}).is_rank_zero  # Fabric's own launcher's second process
-    cfg, _ = parse_config(["--config", "configs/smoke.yaml"])
+    cfg, _ = parse_config(["--config", "tests/tiny.yaml"])
     with pytest.raises(ConfigError, match="GradScaler"):
         validate(cfg, LaunchEnv.read({"LT_PRECISION": "16-mixed"}))
 
@@ -143,7 +143,7 @@ def finished_run(tmp_path_factory):
     from fedur.main import run
 
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    cfg, config_yaml = parse_config(["--config", "configs/smoke.yaml", "--federation.rounds", "1", "--run.output_dir", str(run_dir)])
+    cfg, config_yaml = parse_config(["--config", "tests/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(run_dir)])
     run(cfg, config_yaml)
     return run_dir
 
@@ -231,7 +231,7 @@ def bad_input_case(case: str, tmp_path, finished_run):
 def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tmp_path, finished_run, run_main):
     args, message = bad_input_case(case, tmp_path, finished_run)
     before, finished_before = snapshot(tmp_path), snapshot(finished_run)
-    result = run_main("--config", "configs/smoke.yaml", *args)
+    result = run_main("--config", "tests/tiny.yaml", *args)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
     assert result.stderr.count("fedur: error: ") == 1 and "Traceback" not in result.stderr
@@ -240,12 +240,12 @@ def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tm
 
 def test_check_data_prints_counts_and_trains_nothing(tmp_path, run_main):
     root = image_folder(tmp_path / "data", {"cat": 3, "dog": 2})
-    result = run_main("--config", "configs/smoke.yaml", "--data.name", "imagefolder", "--data.root", str(root), "--check_data")
+    result = run_main("--config", "tests/tiny.yaml", "--data.name", "imagefolder", "--data.root", str(root), "--check_data")
     assert result.returncode == 0, result.stderr
     assert "imagefolder: 2 classes, 5 train / 5 test images" in result.stdout
     assert [line.split() for line in result.stdout.splitlines() if line.strip().startswith(("0", "1"))] == [
         ["0", "cat", "3", "3"], ["1", "dog", "2", "2"],
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
-    missing = run_main("--config", "configs/smoke.yaml", "--data.name", "cub", "--data.root", str(tmp_path / "nope"), "--check_data")
+    missing = run_main("--config", "tests/tiny.yaml", "--data.name", "cub", "--data.root", str(tmp_path / "nope"), "--check_data")
     assert missing.returncode == 2 and str(tmp_path / "nope") in missing.stderr

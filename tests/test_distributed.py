@@ -26,7 +26,7 @@ def runs(tmp_path_factory):
     """The smoke config (4 clients) under `fabric run` on 2 ranks and under plain `python` on 1 rank."""
     root = tmp_path_factory.mktemp("runs")
     fabric = str(Path(sys.executable).parent / "fabric")
-    common = ["--config", "configs/smoke.yaml", "--federation.rounds", ROUNDS]
+    common = ["--config", "tests/tiny.yaml", "--federation.rounds", ROUNDS]
     two = launch([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
                   "fedur/main.py", *common, "--run.output_dir", str(root / "two")])
     one = launch([sys.executable, "fedur/main.py", *common, "--run.output_dir", str(root / "one")])
@@ -128,7 +128,7 @@ def test_no_hidden_sync_across_ranks(tmp_path):
     from lightning import Fabric
 
     fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
-    args = ["--config", "configs/smoke.yaml", "--federation.rounds", "1"]
+    args = ["--config", "tests/tiny.yaml", "--federation.rounds", "1"]
     assert fabric.launch(_no_hidden_sync_worker, args, str(tmp_path / "run"))
 
 
@@ -137,7 +137,7 @@ def test_more_ranks_than_clients_spare_ranks_join_every_exchange(tmp_path):
     collective, and the run equals the same run on 1 rank."""
     from fedur.main import parse_config, run
 
-    args = ["--config", "configs/smoke.yaml", "--federation.rounds", "2", "--federation.num_clients", "1"]
+    args = ["--config", "tests/tiny.yaml", "--federation.rounds", "2", "--federation.num_clients", "1"]
     fabric = str(Path(sys.executable).parent / "fabric")
     two = launch([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
                   "fedur/main.py", *args, "--run.output_dir", str(tmp_path / "two")])
@@ -158,7 +158,7 @@ def test_a_bad_setting_under_fabric_run_is_printed_once_by_rank_zero():
     fabric = str(Path(sys.executable).parent / "fabric")
     result = subprocess.run(
         [fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()), "fedur/main.py",
-         "--config", "configs/smoke.yaml", "--federation.beta", "-1"],
+         "--config", "tests/tiny.yaml", "--federation.beta", "-1"],
         cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode != 0

@@ -115,7 +115,7 @@ def test_report_of_real_runs_written_by_fedur(tmp_path):
     from fedur.main import parse_config, run
 
     for name, extra in (("fedur", []), ("fedcopl", ["--fedur.class_weights", "none", "--fedur.negatives", "none"])):
-        cfg, config_yaml = parse_config(["--config", "configs/smoke.yaml", "--federation.rounds", "2",
+        cfg, config_yaml = parse_config(["--config", "tests/tiny.yaml", "--federation.rounds", "2",
                                          "--run.output_dir", str(tmp_path / name), *extra])
         run(cfg, config_yaml)
     out = tmp_path / "report"

@@ -27,7 +27,7 @@ ROUNDS = 3
 # Each client keeps its SGD momentum across rounds, so the checkpoints carry optimizer state that
 # a resume must restore exactly.
 SMOKE = [
-    "--config", "configs/smoke.yaml", "--federation.rounds", str(ROUNDS), "--run.keep_checkpoints", "5",
+    "--config", "tests/tiny.yaml", "--federation.rounds", str(ROUNDS), "--run.keep_checkpoints", "5",
     "--optim.optimizer_state", "client",
 ]
 TIMING = {"round_seconds", "wall_seconds"}

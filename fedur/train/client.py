@@ -94,7 +94,7 @@ def train_client(rank: "Rank", client: ClientState, round_idx: int, optimizer_st
     loop decides what is uploaded.
     """
     fabric, tuner, work, progress = rank.fabric, rank.tuner, rank.work, rank.progress
-    tuner.model.load_prompts(client.visual, client.text_ctx)
+    tuner.load_prompts(client.visual, client.text_ctx)
     optimization = tuner.configure_optimizers(round_idx)
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     if optimizer_state is not None:  # the momentum only: the learning rate is the schedule's
@@ -123,6 +123,6 @@ def train_client(rank: "Rank", client: ClientState, round_idx: int, optimizer_st
                 progress.write(f"  client {client.client_id} step {steps} loss {out['loss'].item():.4f}")  # every rank
         if steps:  # a client without selected samples takes no step
             scheduler.step()
-    client.visual, client.text_ctx = tuner.model.prompts()
+    client.visual, client.text_ctx = tuner.prompts()
     means = (sums / max(steps, 1)).tolist()  # device-to-host sync, once per client-round
     return LocalResult(*means, lr=lr, optimizer_state=copy.deepcopy(optimizer.state_dict()["state"]))

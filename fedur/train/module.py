@@ -50,6 +50,14 @@ class PromptTuner(L.LightningModule):
     def num_classes(self) -> int:
         return self.model.num_classes
 
+    def load_prompts(self, visual: Tensor, text_ctx: Tensor) -> None:
+        """Start from a client's prompts (copied into the prompt slots)."""
+        self.model.load_prompts(visual, text_ctx)
+
+    def prompts(self) -> tuple[Tensor, Tensor]:
+        """Detached copies of the trained (visual prompt, text context)."""
+        return self.model.prompts()
+
     def use_class_weights(self, weights: Tensor | None) -> None:
         """The global class weights of L_pos until the next pseudo-label refresh (None: unweighted)."""
         self.class_weights = None if weights is None else weights.to(self.device)
