@@ -30,7 +30,8 @@ class ModelConfig:
     """open_clip model name (ViT-B-32, ViT-B-16, ...), or the file stem of `model.config_file`."""
     pretrained: str | None = "openai"
     """Weights: an open_clip pretrained tag (downloaded from the hub when online), a local checkpoint
-    file (.pt/.bin/.safetensors), or null for a seeded random init."""
+    file (.pt/.bin/.safetensors), `fedur` for the weights fedur ships (model.name=fedur-demo), or null
+    for a seeded random init."""
     config_file: str | None = None
     """Local open_clip model-config JSON for a custom architecture; its file stem becomes a model name."""
     cache_dir: str | None = None
@@ -91,7 +92,7 @@ class DataConfig:
     """Keep this stratified, seeded fraction of the train split (for quick experiments)."""
     test_fraction: Fraction = 1.0
     """Keep this stratified, seeded fraction of the test split."""
-    synthetic_classes: int = 5
+    synthetic_classes: int = 10
     """Synthetic data: number of classes."""
     synthetic_train_per_class: PositiveInt = 60
     """Synthetic data: train images per class."""

@@ -1,7 +1,9 @@
 import atexit
+import json
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -46,6 +48,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_ok(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run a command in the repository, offline, and require that it succeeds (its output tail if not)."""
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def read_rounds(run_dir: Path) -> list[dict]:
+    """metrics.jsonl, one dict per round."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_results(a: Path, b: Path, num_clients: int) -> None:
+    """Two runs computed the same thing: every metric but timing, the summaries' accuracies, and every prompt
+    file, bitwise."""
+    strip = lambda row: {k: v for k, v in row.items() if k != "round_seconds"}  # noqa: E731
+    assert [strip(r) for r in read_rounds(a)] == [strip(r) for r in read_rounds(b)]
+    summaries = [json.loads((run / "summary.json").read_text()) for run in (a, b)]
+    for key in ("final_client_accuracy", "best_mean_accuracy", "zero_shot_client_accuracy", "zero_shot_global"):
+        assert summaries[0][key] == summaries[1][key], key
+    for name in ["global.pt"] + [f"client_{k:03d}.pt" for k in range(num_clients)]:
+        x = torch.load(a / "prompts" / name, weights_only=True)
+        y = torch.load(b / "prompts" / name, weights_only=True)
+        assert x.keys() == y.keys() and all(torch.equal(torch.as_tensor(x[k]), torch.as_tensor(y[k])) for k in x), name
 
 
 def tensorboard_events(log_dir: Path) -> dict[str, dict[str, list[int]]]:

@@ -9,38 +9,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import REPO, free_port, tensorboard_events
+from .conftest import REPO, assert_same_results, free_port, read_rounds, run_ok, tensorboard_events
 
 ROUNDS = "3"
 
 
-def launch(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The smoke config (4 clients) under `fabric run` on 2 ranks and under plain `python` on 1 rank."""
+    """The tiny config (4 clients) under `fabric run` on 2 ranks. (That results do not depend on the placement is
+    tested on the demo, `tests/test_learning.py`, and with spare ranks below.)"""
     root = tmp_path_factory.mktemp("runs")
     fabric = str(Path(sys.executable).parent / "fabric")
     common = ["--config", "tests/tiny.yaml", "--federation.rounds", ROUNDS]
-    two = launch([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
+    two = run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
                   "fedur/main.py", *common, "--run.output_dir", str(root / "two")])
-    one = launch([sys.executable, "fedur/main.py", *common, "--run.output_dir", str(root / "one")])
-    return {"two": root / "two", "one": root / "one", "stdout_two": two.stdout, "stdout_one": one.stdout}
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"two": root / "two", "stdout_two": two.stdout}
 
 
 def test_two_rank_run_writes_its_results(runs):
     run_dir = runs["two"]
     assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "tensorboard", "prompts"}
-    rows = metrics(run_dir)
+    rows = read_rounds(run_dir)
     assert [r["round"] for r in rows] == list(range(int(ROUNDS)))
     for key in ("mean_accuracy", "client_accuracy", "pseudo_label_accuracy", "selected", "lr", "round_seconds", "bytes_sent"):
         assert key in rows[0]
@@ -80,21 +69,6 @@ def test_tensorboard_holds_every_documented_tag(runs):
                                 "confusion/final": [last]}
     assert events["text"] == {"config/text_summary": [0]}
     assert set(events["hparams"]) == {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"}
-
-
-def test_results_do_not_depend_on_placement(runs):
-    two, one = metrics(runs["two"]), metrics(runs["one"])
-    assert len(two) == len(one) == int(ROUNDS)
-    for a, b in zip(two, one):
-        assert {k: v for k, v in a.items() if k != "round_seconds"} == {k: v for k, v in b.items() if k != "round_seconds"}
-    summaries = [json.loads((runs[name] / "summary.json").read_text()) for name in ("two", "one")]
-    for key in ("final_client_accuracy", "best_mean_accuracy", "zero_shot_client_accuracy", "zero_shot_global"):
-        assert summaries[0][key] == summaries[1][key], key
-    for name in ["global.pt"] + [f"client_00{k}.pt" for k in range(4)]:
-        x = torch.load(runs["two"] / "prompts" / name, weights_only=True)
-        y = torch.load(runs["one"] / "prompts" / name, weights_only=True)
-        for key in x:
-            assert torch.equal(torch.as_tensor(x[key]), torch.as_tensor(y[key])), name
 
 
 def _no_hidden_sync_worker(fabric, config_args, run_dir):
@@ -139,16 +113,11 @@ def test_more_ranks_than_clients_spare_ranks_join_every_exchange(tmp_path):
 
     args = ["--config", "tests/tiny.yaml", "--federation.rounds", "2", "--federation.num_clients", "1"]
     fabric = str(Path(sys.executable).parent / "fabric")
-    two = launch([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
+    two = run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
                   "fedur/main.py", *args, "--run.output_dir", str(tmp_path / "two")])
     cfg, config_yaml = parse_config([*args, "--run.output_dir", str(tmp_path / "one")])
     run(cfg, config_yaml)
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "round_seconds"} for r in rows]  # noqa: E731
-    assert strip(metrics(tmp_path / "two")) == strip(metrics(tmp_path / "one"))
-    for name in ("global.pt", "client_000.pt"):
-        x = torch.load(tmp_path / "two" / "prompts" / name, weights_only=True)
-        y = torch.load(tmp_path / "one" / "prompts" / name, weights_only=True)
-        assert all(torch.equal(torch.as_tensor(x[k]), torch.as_tensor(y[k])) for k in x), name
+    assert_same_results(tmp_path / "two", tmp_path / "one", num_clients=1)
     placement = json.loads((tmp_path / "two" / "placement.json").read_text())["ranks"]
     assert [r["clients"] for r in placement] == [[0], []]
     assert two.stdout.count("rank 1 hosts no client (1 client on 2 ranks) and takes part in every exchange") == 1

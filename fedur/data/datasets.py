@@ -24,6 +24,7 @@ from fedur.data.benchmarks import (
     load_ucf101,
 )
 from fedur.data.cifar import check_cifar, load_cifar
+from fedur.data import synthetic
 from fedur.data.domains import check_domainnet, check_officehome, load_domainnet, load_officehome
 from fedur.data.images import (  # re-exported: the rest of fedur imports the types from here
     IMAGE_SUFFIXES,
@@ -41,7 +42,6 @@ __all__ = [
 ]
 
 DEFAULT_TEMPLATE = "a photo of a {}."
-SYNTHETIC_CLASSES = ["circle", "square", "triangle", "star", "cross", "ring", "arrow", "heart", "moon", "wave"]
 DATASETS = (
     "imagefolder", "cifar10", "cifar100", "dtd", "resisc45", "cub", "ucf101", "domainnet", "officehome", "synthetic",
 )
@@ -57,7 +57,7 @@ def build_dataset(
     train_fraction: float = 1.0,
     test_fraction: float = 1.0,
     seed: int = 1,
-    synthetic_classes: int = 5,
+    synthetic_classes: int = 10,
     synthetic_train_per_class: int = 60,
     synthetic_test_per_class: int = 20,
     synthetic_image_size: int = 32,
@@ -193,24 +193,15 @@ def read_classnames(path: str, current: list[str]) -> list[str]:
 
 
 def make_synthetic(num_classes: int, train_per_class: int, test_per_class: int, size: int, seed: int) -> ImageDataset:
-    """Images whose class shows in their colour and stripe orientation, with per-image noise."""
-    if not 2 <= num_classes <= len(SYNTHETIC_CLASSES):
-        raise DataUnavailableError(f"data.synthetic_classes must be in [2, {len(SYNTHETIC_CLASSES)}]")
-    rng = np.random.RandomState(seed)
-    yy, xx = np.mgrid[0:size, 0:size] / size
+    """The first `num_classes` shapes of `fedur.data.synthetic` (circle, square, ...), drawn from `seed`: the
+    train split from the stream (seed, 0), the test split from (seed, 1)."""
+    if not 2 <= num_classes <= len(synthetic.CLASSNAMES):
+        raise DataUnavailableError(f"data.synthetic_classes must be in [2, {len(synthetic.CLASSNAMES)}]")
     splits = {}
-    for split, per_class in (("train", train_per_class), ("test", test_per_class)):
-        labels = np.repeat(np.arange(num_classes), per_class)
-        images = np.empty((len(labels), size, size, 3), dtype=np.uint8)
-        for i, c in enumerate(labels):
-            hue = 2 * np.pi * c / num_classes
-            colour = 0.5 + 0.35 * np.cos(hue + np.array([0.0, 2.1, 4.2]))  # (3,)
-            angle = np.pi * c / num_classes + rng.normal(0, 0.15)
-            stripes = 0.5 + 0.5 * np.sin(2 * np.pi * 4 * (np.cos(angle) * xx + np.sin(angle) * yy) + rng.uniform(0, 6.3))
-            pixels = colour * (0.6 + 0.4 * stripes[..., None]) + rng.normal(0, 0.08, (size, size, 3))
-            images[i] = (np.clip(pixels, 0, 1) * 255).astype(np.uint8)
-        splits[split] = ImageSplit(labels.astype(np.int64), arrays=images)
-    names = SYNTHETIC_CLASSES[:num_classes]
+    for stream, (split, per_class) in enumerate((("train", train_per_class), ("test", test_per_class))):
+        images, labels = synthetic.generate(num_classes, per_class, size, seed=(seed, stream))
+        splits[split] = ImageSplit(labels, arrays=images)
+    names = synthetic.CLASSNAMES[:num_classes]
     return ImageDataset("synthetic", names, DEFAULT_TEMPLATE, splits["train"], splits["test"])
 
 

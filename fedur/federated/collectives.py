@@ -22,12 +22,17 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 import zlib
 from datetime import timedelta
 from typing import Protocol
 
 import torch
 from torch import Tensor
+
+# Lightning's all_gather calls torch's deprecated differentiable all_gather and warns on every rank; fedur
+# gathers without gradients, so the warning says nothing to a user.
+warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_gather is deprecated")
 
 MAX_DIMS = 6
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool, torch.uint8]

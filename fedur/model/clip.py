@@ -25,6 +25,8 @@ from torch import Tensor, nn
 from fedur.network import reachable
 
 PACKAGE_MODEL_CONFIGS = Path(__file__).parent / "configs"
+PACKAGE_WEIGHTS = Path(__file__).parent / "weights"  # <model name>.pt: the weights fedur ships (fedur-demo)
+SHIPPED = "fedur"  # the model.pretrained tag of shipped weights
 _WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 
 
@@ -206,6 +208,15 @@ def resolve_pretrained(name: str, pretrained: str | None, cache_dir: str | None)
     """Return what open_clip should load, or fail at once with what to download and where to point."""
     if pretrained in (None, "", "none", "random"):
         return None
+    if pretrained == SHIPPED:
+        path = PACKAGE_WEIGHTS / f"{name}.pt"
+        if not path.is_file():
+            shipped = ", ".join(sorted(p.stem for p in PACKAGE_WEIGHTS.glob("*.pt"))) or "none"
+            raise ModelUnavailableError(
+                f"model.pretrained={SHIPPED} means the weights fedur ships for model.name, but fedur ships none for "
+                f"{name} (it ships weights for: {shipped}). Use an open_clip tag, a weights file, or null."
+            )
+        return str(path)
     path = Path(pretrained).expanduser()
     if path.exists():
         return str(path)

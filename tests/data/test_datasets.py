@@ -55,11 +55,14 @@ def test_corrupt_image_is_reported_by_path(tmp_path):
         load_imagefolder(str(root)).train.load(0)
 
 
-def test_synthetic_is_deterministic_and_class_dependent():
+def test_synthetic_is_deterministic_with_separate_train_and_test_streams():
     a, b = make_synthetic(4, 5, 2, 16, seed=3), make_synthetic(4, 5, 2, 16, seed=3)
-    assert np.array_equal(a.train.arrays, b.train.arrays) and len(a.test) == 8
-    means = [a.train.arrays[a.train.labels == c].mean(axis=(0, 1, 2)) for c in range(4)]
-    assert min(np.abs(means[i] - means[j]).max() for i in range(4) for j in range(i)) > 10
+    assert np.array_equal(a.train.arrays, b.train.arrays) and np.array_equal(a.test.arrays, b.test.arrays)
+    assert a.classnames == ["circle", "square", "triangle", "star"] and len(a.test) == 8
+    assert not np.array_equal(a.train.arrays[:8], a.test.arrays), "the test split is drawn from its own stream"
+    assert not np.array_equal(make_synthetic(4, 5, 2, 16, seed=4).train.arrays, a.train.arrays)
+    with pytest.raises(DataUnavailableError, match=r"synthetic_classes must be in \[2, 10\]"):
+        make_synthetic(11, 5, 2, 16, seed=3)
 
 
 def test_fractions_keep_every_class(tmp_path):

@@ -11,7 +11,7 @@ from fedur.model.clip import load_clip
 def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path):
     run_dir = tmp_path / "run"
     cfg, config_yaml = parse_config(
-        ["--config", "configs/smoke.yaml", "--federation.rounds", "2", "--run.output_dir", str(run_dir)]
+        ["--config", "tests/tiny.yaml", "--federation.rounds", "2", "--run.output_dir", str(run_dir)]
     )
     result = run(cfg, config_yaml)
 
@@ -45,7 +45,7 @@ def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path)
 
 def run_smoke(tmp_path, *overrides):
     cfg, config_yaml = parse_config(
-        ["--config", "configs/smoke.yaml", "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run"), *overrides]
+        ["--config", "tests/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run"), *overrides]
     )
     result = run(cfg, config_yaml)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -81,11 +81,11 @@ def test_clients_that_sit_out_keep_their_text_prompt(tmp_path):
 
 
 def initial_text_prompt(result):
-    from fedur.data.datasets import SYNTHETIC_CLASSES
+    from fedur.data.synthetic import CLASSNAMES
     from fedur.model.classifier import PromptedCLIP
 
     torch.manual_seed(1)
-    fresh = PromptedCLIP(load_clip("fedur-tiny", None), SYNTHETIC_CLASSES[:5], 4, 5, None, 0.02, seed=1)
+    fresh = PromptedCLIP(load_clip("fedur-tiny", None), CLASSNAMES[:5], 4, 5, None, 0.02, seed=1)
     return fresh.text_prompt.ctx.detach()
 
 
@@ -118,7 +118,7 @@ def test_feature_skew_runs_end_to_end_with_one_domain_per_client(tmp_path):
     for scheme, clients in (("domain", 6), ("domain_dirichlet", 12)):
         run_dir = tmp_path / scheme
         cfg, config_yaml = parse_config([
-            "--config", "configs/smoke.yaml", "--data.name", "domainnet", "--data.root", str(root),
+            "--config", "tests/tiny.yaml", "--data.name", "domainnet", "--data.root", str(root),
             "--federation.partition", scheme, "--federation.num_clients", str(clients),
             "--federation.clients_per_domain", "2", "--federation.beta", "0.5", "--federation.min_train_per_client", "1",
             "--federation.rounds", "1", "--federation.local_epochs", "1", "--run.output_dir", str(run_dir),
