@@ -5,7 +5,7 @@ names them wrongly in a structured way: zero-shot is ~55%, a linear probe ~94%. 
 `fedur/main.py --config configs/smoke.yaml` once per variant and seed and writes a Markdown table of
 zero-shot client mean, final mean and gain; `tests/test_learning.py` takes its margin from it.
 
-    python benchmarks/demo_learning.py                    # 5 seeds x 2 variants, ~3 min on 2 CPU cores
+    python benchmarks/demo_learning.py                    # 5 seeds x 2 variants, ~4.5 min on 2 CPU cores
     python benchmarks/demo_learning.py --seeds 1,2,3 --variants fedur
 
 Every run is a fresh process; finished runs in the same --workdir are reused.

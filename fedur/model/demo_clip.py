@@ -46,7 +46,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedur.data.synthetic import CLASSNAMES, generate
-from fedur.model.clip import encode_text_embeddings, load_clip
+from fedur.data.cache import split_preprocess
+from fedur.data.loaders import BatchNormalize
+from fedur.model.classifier import PromptedCLIP
+from fedur.model.clip import load_clip
 
 MODEL_NAME = "fedur-demo"
 CONFIG_FILE = Path(__file__).parent / "configs" / f"{MODEL_NAME}.json"
@@ -68,15 +71,14 @@ CONFUSIONS = {
     "cross": ("star", 0.9), "wave": ("star", 0.9),  # shapes with arms or wiggles are "stars"
     "arrow": ("triangle", 0.9),  # a pointed shape is a "triangle"
 }
-CONTEXT_STD = 0.02  # fedur's prompt init std, for the random-context evaluation
+CONTEXT_STD = 0.02  # fedur's prompt init std (model.ctx_init_std), for the random-context evaluation
 TRAIN_SEED_BASE = 1_000_000  # training images: this + 1000 * seed + epoch, far from the small seeds of runs
 PROBE_SEED, TEST_SEED = 900_001, 900_002  # evaluation images, the same for every model
 
 
-def to_input(images: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
-    """uint8 (N, H, W, 3) -> normalised float (N, 3, H, W), the tensors of open_clip's ToTensor + Normalize."""
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div(255)  # (N, 3, H, W)
-    return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+def to_input(images: np.ndarray, normalize: BatchNormalize) -> Tensor:
+    """uint8 (N, H, W, 3) -> normalised float (N, 3, H, W), as fedur's image cache feeds the model."""
+    return normalize(torch.from_numpy(images).permute(0, 3, 1, 2))
 
 
 def captions(labels: np.ndarray, rng: np.random.Generator, name_share: float) -> list[str]:
@@ -117,7 +119,7 @@ def train(
     torch.manual_seed(seed)
     model = open_clip.create_model(MODEL_NAME)
     tokenizer = open_clip.get_tokenizer(MODEL_NAME)
-    mean, std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
+    normalize = BatchNormalize(open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD)
     decayed = {n for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n}
     optimizer = torch.optim.AdamW(
         [
@@ -135,7 +137,7 @@ def train(
     for epoch in range(epochs):
         images, labels = generate(len(CLASSNAMES), per_class, IMAGE_SIZE, TRAIN_SEED_BASE + 1000 * seed + epoch)
         texts = np.array(captions(labels, np.random.default_rng([seed, epoch]), name_share))
-        x = to_input(images, mean, std)  # (N, 3, S, S)
+        x = to_input(images, normalize)  # (N, 3, S, S)
         order = torch.randperm(n, generator=generator).numpy()
         losses = []
         for start in range(0, n, batch_size):
@@ -159,19 +161,10 @@ def train(
 
 
 @torch.no_grad()
-def image_features(model: nn.Module, images: np.ndarray, mean, std, batch_size: int = 500) -> Tensor:
+def image_features(model: nn.Module, images: np.ndarray, normalize: BatchNormalize, batch_size: int = 500) -> Tensor:
     """Unit-norm image features (N, D) of uint8 images (N, H, W, 3)."""
-    chunks = [model.encode_image(to_input(images[i : i + batch_size], mean, std)) for i in range(0, len(images), batch_size)]
+    chunks = [model.encode_image(to_input(images[i : i + batch_size], normalize)) for i in range(0, len(images), batch_size)]
     return F.normalize(torch.cat(chunks), dim=-1)
-
-
-def context_text_features(model: nn.Module, tokenizer: Callable, seed: int, n_ctx: int = 4) -> Tensor:
-    """Unit-norm (C, D) features of "X .. X <name>." with the X's one shared draw of N(0, CONTEXT_STD^2) vectors."""
-    tokens = tokenizer([f"{' '.join(['X'] * n_ctx)} {name}." for name in CLASSNAMES])  # (C, L)
-    x = model.token_embedding(tokens)  # (C, L, width)
-    ctx = torch.randn(n_ctx, x.shape[-1], generator=torch.Generator().manual_seed(seed)) * CONTEXT_STD
-    x = torch.cat([x[:, :1], ctx.expand(len(x), -1, -1), x[:, 1 + n_ctx :]], dim=1)  # (C, L, width)
-    return F.normalize(encode_text_embeddings(model, x, tokens), dim=-1)
 
 
 def linear_probe(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, l2: float = 1e-4) -> float:
@@ -199,25 +192,24 @@ def evaluate(
     linear probe on true labels, on generated images never seen in training (seeds PROBE_SEED, TEST_SEED)."""
     clip = load_clip(Path(config_file).stem, str(weights), str(config_file))  # as a fedur run loads it
     model, tokenizer, size = clip.model, clip.tokenizer, clip.image_size
-    normalize = next(t for t in clip.preprocess.transforms if type(t).__name__ == "Normalize")
-    mean, std = tuple(normalize.mean), tuple(normalize.std)
+    normalize = BatchNormalize(*split_preprocess(clip.preprocess)[1:])
     num_classes = len(CLASSNAMES)
     test_images, test_labels = generate(num_classes, test_per_class, size, TEST_SEED)
     probe_images, probe_labels = generate(num_classes, probe_per_class, size, PROBE_SEED)
-    test_features = image_features(model, test_images, mean, std)  # (N, D)
+    test_features = image_features(model, test_images, normalize)  # (N, D)
     with torch.no_grad():
         text = F.normalize(model.encode_text(tokenizer([TEMPLATE.format(c) for c in CLASSNAMES])), dim=-1)  # (C, D)
         probs = (model.logit_scale.exp() * test_features @ text.t()).softmax(dim=-1)  # (N, C)
-        random_context = np.mean([  # "X X X X <name>." with 4 random vectors shared by the classes, as fedur starts
-            (test_features @ context_text_features(model, tokenizer, seed).t()).argmax(dim=-1).eq(
-                torch.from_numpy(test_labels)).float().mean().item()
+        random_context = np.mean([  # fedur's text prompt at init (4 context vectors), run seeds 0-4
+            (test_features @ PromptedCLIP(clip, CLASSNAMES, 4, 0, None, CONTEXT_STD, seed).text_features().t())
+            .argmax(dim=-1).eq(torch.from_numpy(test_labels)).float().mean().item()
             for seed in range(5)
         ])
     predicted = probs.argmax(dim=-1).numpy()
     confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
     np.add.at(confusion, (test_labels, predicted), 1)
     probe = linear_probe(
-        image_features(model, probe_images, mean, std), torch.from_numpy(probe_labels),
+        image_features(model, probe_images, normalize), torch.from_numpy(probe_labels),
         test_features, torch.from_numpy(test_labels),
     )
     zero_shot = float((predicted == test_labels).mean())
