@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 VARIANTS = {
     "fedur": [],
-    "fedcopl": ["--fedur.class_weights", "none", "--fedur.negatives", "none"],  # no class weights, no negatives
+    "fedcopl": ["--method.name", "fedcopl"],  # no class weights, no negatives
 }
 
 

@@ -27,10 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 VARIANTS = {
     "fedur": [],
-    "fedcopl": ["--fedur.class_weights", "none", "--fedur.negatives", "none"],
+    "fedcopl": ["--method.name", "fedcopl"],
     # diagnostics of the aggregation protocol (what the server averages)
-    "fedur-local": ["--fedur.share", "none"],
-    "fedur-share-both": ["--fedur.share", "both"],
+    "fedur-local": ["--method.share", "none"],
+    "fedur-share-both": ["--method.share", "both"],
     "fedur-text-only": ["--model.visual_tokens", "0"],  # only the personal text prompt is trained
 }
 

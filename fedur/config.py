@@ -46,6 +46,9 @@ class ModelConfig:
     clients. 0 disables the visual prompt."""
     visual_depth: PositiveInt | None = None
     """Prompted blocks, counted from the first; null means all blocks but the last (11 for ViT-B)."""
+    shared_prefix_text: bool = False
+    """Text tower: encode the start token and the context once for all classes (they are the same for every
+    class under the causal mask) and only the class tokens per class. Exact up to float rounding."""
 
 
 @dataclass
@@ -132,32 +135,71 @@ class FederationConfig:
     does; the other splits refuse to start)."""
     join_rate: Fraction = 1.0
     """Fraction of clients that train in a round, sampled uniformly per round (1.0: all clients)."""
+    partition_seed: int | Literal["reference"] = "reference"
+    """Seed of the split across clients. 'reference' replays the reference code's random sequence for the
+    dataset (FedCoPL reseeds NumPy with 500 before it partitions, so the paper's three seeds share one
+    partition); an integer draws a partition of its own (e.g. the run seed for a per-seed partition)."""
 
 
 @dataclass
-class FedURConfig:
-    """The method's switches. Defaults are FedUR; `class_weights: none` + `negatives: none` is FedCoPL.
-    Every ablation of the paper's Table 6 is one of these switches."""
+class MethodConfig:
+    """The federated method: which prompts each client holds, which the server averages, how logits are
+    formed and what the local loss adds (fedur/methods/). Paired with a pseudo-labeller (`method.labeller`,
+    settings under `labels`)."""
+
+    name: Literal["fedur", "fedcopl", "promptfl", "promptprox", "pfedprompt", "fedotp", "zeroshot"] = "fedur"
+    """fedur / fedcopl: deep visual prompt (averaged) + personal text prompt; promptfl: one averaged text
+    prompt; promptprox: promptfl + a proximal term; pfedprompt: averaged text prompt + a personal cache of
+    pseudo-labelled image features; fedotp: a global and a personal text prompt matched to patch features by
+    unbalanced optimal transport; zeroshot: frozen CLIP with the dataset's template, no training."""
+    labeller: Literal["auto", "fpl", "cpl", "copl", "codpl"] = "auto"
+    """Pseudo-labeller: auto (the method's own: fedur codpl, fedcopl copl, the others fpl); fpl: the top
+    `labels.fpl_per_class` per class and client; cpl: candidate pseudo-label sets; copl: cooperative balanced
+    selection; codpl: copl + class weights + negative pseudo-labels (FedUR's)."""
+    share: Literal["auto", "visual", "both", "text", "none"] = "auto"
+    """Prompts the server averages: auto (the method's: fedur/fedcopl visual only, text prompts personal);
+    'both', 'text', 'none' are ablations of the aggregation protocol (fedur and fedcopl)."""
+    prox_mu: NonNegativeFloat = 0.5
+    """promptprox: mu of the proximal term (mu / 2) * ||prompt - global prompt||^2 (FedOTP's default)."""
+    cache_alpha: NonNegativeFloat = 1.0
+    """pfedprompt: weight of the cache logits alpha * exp(-beta (1 - f k)) v (Tip-Adapter's default)."""
+    cache_beta: PositiveFloat = 5.5
+    """pfedprompt: sharpness beta of the cache's affinities (Tip-Adapter's default)."""
+    ot_eps: PositiveFloat = 0.1
+    """fedotp: entropic regularisation of the Sinkhorn iterations."""
+    ot_top_percent: Fraction = 0.8
+    """fedotp: mass the unbalanced transport plan moves (the share of patches matched)."""
+    ot_max_iter: PositiveInt = 100
+    """fedotp: Sinkhorn iterations at most."""
+    ot_thresh: PositiveFloat = 1e-3
+    """fedotp: Sinkhorn stops when the mean change of the scaling falls below this."""
+
+
+@dataclass
+class LabelsConfig:
+    """The pseudo-labeller's settings. 'auto' values follow `method.labeller`: codpl uses class weights
+    ('inv') and negative pseudo-labels ('mass'), the others neither. Every ablation of the paper's Table 6
+    is one of these switches."""
 
     cooperative_selection: bool = True
-    """Global allocation of M pseudo-labels per class (Table 6 'Data selection'). Off: each client trains
-    on all its (filtered) samples with their argmax labels."""
+    """copl/codpl: global allocation of M pseudo-labels per class (Table 6 'Data selection'). Off: each
+    client trains on all its (filtered) samples with their argmax labels."""
     confidence_filter: bool = True
-    """Estimate the class histogram only from samples whose top-1 probability is above the client's
-    `confidence_quantile` (Table 6 'Confidence')."""
+    """copl/codpl: estimate the class histogram only from samples whose top-1 probability is above the
+    client's `confidence_quantile` (Table 6 'Confidence')."""
     entropy_filter: bool = True
-    """Estimate the class histogram only from samples whose entropy is below the client's
+    """copl/codpl: estimate the class histogram only from samples whose entropy is below the client's
     (1 - `entropy_quantile`) quantile (Table 6 'Entropy')."""
     confidence_quantile: OpenUnitInterval = 0.5
     """Quantile of the top-1 probabilities used as the confidence threshold (0.5: the median)."""
     entropy_quantile: OpenUnitInterval = 0.5
     """The entropy threshold is the (1 - this) quantile of the entropies (0.5: the median)."""
-    class_weights: Literal["inv", "inv_sqrt", "none"] = "inv"
-    """Class weights of L_pos from the global selected distribution d_c: inverse frequency normalised to
-    mean 1 ('inv'), its square root ('inv_sqrt'), or off ('none'; Table 6 'Weighted')."""
+    class_weights: Literal["auto", "inv", "inv_sqrt", "none"] = "auto"
+    """Class weights of the cross-entropy from the global selected distribution d_c: inverse frequency
+    normalised to mean 1 ('inv'), its square root ('inv_sqrt'), or off ('none'; Table 6 'Weighted')."""
     weight_source: Literal["realized", "requested"] = "realized"
     """d_c from the selected counts each client actually got ('realized') or from the allocation ('requested')."""
-    negatives: Literal["mass", "threshold", "ratio", "online", "none"] = "mass"
+    negatives: Literal["auto", "mass", "threshold", "ratio", "online", "none"] = "auto"
     """Negative pseudo-labels (Table 6 'Negative'): the lowest classes holding at most `tau_neg` of the
     probability mass ('mass'), classes with p < tau_neg ('threshold'), the ceil(tau_neg * C) lowest
     classes ('ratio'), the mass rule on the current model's detached p ('online'), or off ('none')."""
@@ -165,9 +207,13 @@ class FedURConfig:
     """tau_neg of the negative rule."""
     neg_loss_weight: NonNegativeFloat = 1.0
     """Weight of L_neg in L_pos + weight * L_neg (the paper: 1)."""
-    share: Literal["visual", "both", "text", "none"] = "visual"
-    """Prompts the server averages (FedUR sec. 3.5: visual only, text prompts stay personal). 'both' is
-    PromptFL-style full sharing, 'none' is local training only; an ablation of the aggregation protocol."""
+    fpl_per_class: PositiveInt = 16
+    """fpl: pseudo-labels per class and client (the most confident samples predicted as the class)."""
+    cpl_quantiles: tuple[OpenUnitInterval, OpenUnitInterval] | None = None
+    """cpl: (alpha, beta) quantiles of the intra- and inter-instance candidate rules; null: the dataset's
+    value from CPL's scripts ((0.75, 0.95) where they give none)."""
+    cpl_per_class: PositiveInt = 16
+    """cpl: pseudo-labelled samples per class and client."""
 
 
 @dataclass
@@ -217,7 +263,8 @@ class RunConfig:
     fault: str | None = None
     """Test only: inject a failure, "<kill|raise|hang>:<train|commit>:<round>:<rank>" (fedur/train/faults.py)."""
     seed: int = 1
-    """Seed of the split, the prompt init, and every client's data order (the paper: 1, 2, 3)."""
+    """Seed of the prompt init, every client's data order and the train/test fractions (the paper: 1, 2, 3);
+    the split across clients has its own `federation.partition_seed`."""
     threads: PositiveInt | None = None
     """CPU compute threads per rank; null: CPU cores / ranks on this node. Fix it to compare runs bitwise
     across different placements of clients on ranks."""
@@ -251,7 +298,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
-    fedur: FedURConfig = field(default_factory=FedURConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    labels: LabelsConfig = field(default_factory=LabelsConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
@@ -277,7 +325,8 @@ GROUPS = {
     "model": ModelConfig,
     "data": DataConfig,
     "federation": FederationConfig,
-    "fedur": FedURConfig,
+    "method": MethodConfig,
+    "labels": LabelsConfig,
     "optim": OptimConfig,
     "run": RunConfig,
     "fabric": FabricConfig,

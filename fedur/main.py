@@ -28,6 +28,7 @@ from fedur.data.datasets import DataUnavailableError, check_available
 from fedur.data.partition import PartitionError
 from fedur.federated.collectives import CollectiveError
 from fedur.launch_env import LaunchEnv, make_fabric, set_threads
+from fedur.methods import build_method
 from fedur.model.clip import ModelUnavailableError, check_model
 from fedur.train import run_dir as run_dirs
 from fedur.train.checkpoint import CheckpointError
@@ -84,8 +85,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str, Namespace]:
 def validate(cfg: Config, env: LaunchEnv) -> None:
     """What the annotations in config.py cannot check: settings that must fit together, and whether the
     model and data can be had; before anything is loaded or launched."""
-    if cfg.model.n_ctx + cfg.model.visual_tokens == 0:
-        raise ConfigError("model.n_ctx and model.visual_tokens are both 0: nothing to train")
+    try:
+        method = build_method(cfg.method)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    visual = cfg.model.visual_tokens if "visual" in method.prompts else 0
+    if method.trains and cfg.model.n_ctx + visual == 0:
+        raise ConfigError(f"nothing to train: method.name={method.name} has no prompt with model.n_ctx={cfg.model.n_ctx} "
+                          f"and model.visual_tokens={cfg.model.visual_tokens}")
+    labeller = cfg.method.labeller if cfg.method.labeller != "auto" else method.default_labeller
+    if labeller == "cpl" and (cfg.labels.negatives not in ("auto", "none") or cfg.labels.class_weights not in ("auto", "none")):
+        raise ConfigError("method.labeller=cpl trains on candidate sets with its own loss: labels.negatives and "
+                          "labels.class_weights must be auto or none")
     if cfg.optim.optimizer_state == "shared" and env.expected_world_size(cfg.fabric) > 1:
         raise ConfigError("optim.optimizer_state=shared passes momentum from client to client and needs one rank")
     if env.precision_error():

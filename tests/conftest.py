@@ -66,7 +66,7 @@ def read_rounds(run_dir: Path) -> list[dict]:
 def assert_same_results(a: Path, b: Path, num_clients: int) -> None:
     """Two runs computed the same thing: every metric but timing, the summaries' accuracies, and every prompt
     file, bitwise."""
-    strip = lambda row: {k: v for k, v in row.items() if k != "round_seconds"}  # noqa: E731
+    strip = lambda row: {k: v for k, v in row.items() if k not in ("round_seconds", "phase_seconds")}  # noqa: E731
     assert [strip(r) for r in read_rounds(a)] == [strip(r) for r in read_rounds(b)]
     summaries = [json.loads((run / "summary.json").read_text()) for run in (a, b)]
     for key in ("final_client_accuracy", "best_mean_accuracy", "zero_shot_client_accuracy", "zero_shot_global"):

@@ -63,7 +63,7 @@ def test_overrides_and_later_configs_win(tmp_path):
         (["--federation.join_rate", "1.5"], "federation.join_rate\": Not of type Fraction: 1.5 does not conform to restriction v>0 and v<=1"),
         (["--model.n_ctx", "-1"], "model.n_ctx\": Not of type NonNegativeInt: -1"),
         (["--model.visual_tokens", "-2"], "model.visual_tokens\": Not of type NonNegativeInt: -2"),
-        (["--fedur.tau_neg", "1.2"], "fedur.tau_neg\": Not of type OpenUnitInterval: 1.2"),
+        (["--labels.tau_neg", "1.2"], "labels.tau_neg\": Not of type OpenUnitInterval: 1.2"),
         (["--optim.batch_size", "0"], "optim.batch_size\": Not of type PositiveInt: 0"),
         (["--data.train_fraction", "0"], "data.train_fraction\": Not of type Fraction: 0"),
     ],
@@ -82,6 +82,9 @@ def test_settings_out_of_range_fail_at_parse_time(override, message):
         (["--model.name", "ViT-Huge-Nope"], "Unknown open_clip model"),
         (["--data.name", "imagefolder", "--data.root", "/nonexistent/data"], "/nonexistent/data/train is missing"),
         (["--optim.optimizer_state", "shared", "--fabric.accelerator", "cpu", "--fabric.devices", "2"], "needs one rank"),
+        (["--method.name", "promptfl", "--model.n_ctx", "0"], "nothing to train: method.name=promptfl"),
+        (["--method.name", "promptfl", "--method.share", "visual"], "which method.name=promptfl does not have"),
+        (["--method.labeller", "cpl", "--labels.negatives", "mass"], "labels.negatives and labels.class_weights"),
     ],
 )
 def test_settings_that_do_not_fit_together_fail_before_compute(override, message):

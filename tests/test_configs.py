@@ -56,7 +56,7 @@ def test_paper_config_matches_its_header(path):
     assert body["config"] == f"../../{cfg.data.name}.yaml", "a table config builds on its dataset's main config"
     assert all("." in key for key in body if key != "config"), "and holds only dotted overrides"
     assert f"python fedur/main.py --config {relative} --data.root" in header and "--check_data" in header
-    assert "--fedur.class_weights none --fedur.negatives none" in header
+    assert "--method.name fedcopl" in header
     assert re.search(r"FedUR\s+\d+\.\d\d", header), "the header quotes the paper's FedUR number"
     assert path.stem.split("-")[0] == cfg.data.name and not Path(cfg.data.root).is_absolute()
     beta = re.search(r"beta(0\.\d+)", path.stem)

@@ -86,7 +86,7 @@ def _no_hidden_sync_worker(fabric, config_args, run_dir):
     result = fit(fabric, cfg, RunDir(run_dir), config_yaml)
 
     texts = Collectives(fabric).gather_clients(
-        {c.client_id: c.text_ctx for c in result.clients}, 4, like=result.clients[0].text_ctx, what="text prompts"
+        {c.client_id: c.prompts["text_ctx"] for c in result.clients}, 4, like=result.clients[0].prompts["text_ctx"], what="text prompts"
     )
     assert all(not torch.equal(texts[i], texts[j]) for i in range(4) for j in range(i)), "text prompts synchronized"
     visuals = fabric.all_gather(result.global_prompts["visual"])  # (world_size, depth, n_tok, width)

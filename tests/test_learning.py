@@ -16,7 +16,7 @@ from .conftest import assert_same_results, free_port, read_rounds, run_ok
 
 FEDUR_MARGIN = 5.0  # smallest FedUR gain over seeds 1-5: 10.41 points
 FEDCOPL_MARGIN = 4.0  # smallest FedCoPL gain over seeds 1-5: 8.93 points
-FEDCOPL = ["--fedur.class_weights", "none", "--fedur.negatives", "none"]
+FEDCOPL = ["--method.name", "fedcopl"]
 
 
 @pytest.fixture(scope="module")

@@ -114,7 +114,7 @@ def test_report_of_real_runs_written_by_fedur(tmp_path):
     `python -m fedur.report`, the module the `fedur-report` console script runs."""
     from fedur.main import parse_config, run
 
-    for name, extra in (("fedur", []), ("fedcopl", ["--fedur.class_weights", "none", "--fedur.negatives", "none"])):
+    for name, extra in (("fedur", []), ("fedcopl", ["--method.name", "fedcopl"])):
         cfg, config_yaml = parse_config(["--config", "tests/tiny.yaml", "--federation.rounds", "2",
                                          "--run.output_dir", str(tmp_path / name), *extra])
         run(cfg, config_yaml)

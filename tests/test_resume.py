@@ -30,7 +30,7 @@ SMOKE = [
     "--config", "tests/tiny.yaml", "--federation.rounds", str(ROUNDS), "--run.keep_checkpoints", "5",
     "--optim.optimizer_state", "client",
 ]
-TIMING = {"round_seconds", "wall_seconds"}
+TIMING = {"round_seconds", "phase_seconds", "wall_seconds"}
 
 
 def run_in_process(run_dir: Path, *overrides: str):
@@ -114,7 +114,8 @@ def test_every_round_is_committed_and_old_ones_pruned(reference, tmp_path):
     marker = checkpoint.latest(reference).marker
     assert marker["round"] == 2 and marker["num_clients"] == 4 and marker["settings"]["federation.beta"] == 0.5
     client = checkpoint.load(checkpoint.client_file(checkpoint.latest(reference).folder, 3))
-    assert set(client) >= {"visual", "text_ctx", "optimizer_state", "pseudo_labels", "train_indices"}
+    assert set(client) >= {"prompts", "optimizer_state", "pseudo_labels", "train_indices", "extra"}
+    assert set(client["prompts"]) == {"visual", "text_ctx"}
     assert client["pseudo_labels"]["negatives"].dtype == torch.bool
     assert client["optimizer_state"][0]["momentum_buffer"].abs().sum() > 0  # the SGD momentum, compared after every resume
     shared = checkpoint.load(checkpoint.latest(reference).folder / "global.pt")

@@ -3,14 +3,27 @@
 Every rank calls these with the same arguments and gets the same split, so no rank has to send
 indices to another. Each function returns (train_parts, test_parts): one int64 index array per client,
 into the train and the test split; together a scheme's parts hold every sample exactly once.
-`split_clients` picks the scheme named by `federation.partition`.
+`split_clients` picks the scheme named by `federation.partition` and the random state named by
+`federation.partition_seed`: "reference" replays the NumPy state FedCoPL partitions from (see
+`fedur.data.reference_rng`; the same split for every run seed), an integer seeds a RandomState of its own.
+
+The label-skew splits take `seed` as an int (a fresh `np.random.RandomState(seed)`) or as a RandomState
+to draw from, and make their calls on it in the order FedCoPL's `prepare_dataset_UL_fed` makes them on
+the global `np.random`. Given the state the reference starts from (`seed="reference"` in
+`split_clients`), they therefore give the reference's split of the same label arrays.
 """
 
 from __future__ import annotations
 
+from typing import Union
+
 import numpy as np
 
+from fedur.data.reference_rng import REFERENCE_DATASETS, REFERENCE_SEED, reference_random_state
+
 Parts = list[np.ndarray]
+Seed = Union[int, np.random.RandomState]
+"""An int seeds a fresh RandomState; a RandomState is drawn from (and advanced) as it is."""
 
 
 class PartitionError(ValueError):
@@ -22,26 +35,32 @@ def dirichlet_split(
     test_labels: np.ndarray,
     num_clients: int,
     beta: float,
-    seed: int,
+    seed: Seed,
     min_train: int = 10,
     max_attempts: int = 1000,
+    num_classes: int | None = None,
 ) -> tuple[Parts, Parts]:
     """Dirichlet label skew as in FedCoPL (`methods/main_UL.py::prepare_dataset_UL_fed`, "noniid").
 
     Per class c: shuffle its train and test indices, draw ONE p ~ Dir(beta * 1_K) for both splits,
     zero the share of clients already holding more than N/K samples of that split, renormalise, and cut
-    the shuffled indices at cumsum(p) * n_c. The whole draw repeats until every client has at least
-    `min_train` train samples. A client's test labels therefore follow its train labels, and the
-    client test sets together are the whole test set. The calls on `np.random.RandomState(seed)` are
-    made in the reference's order, so a seed gives the reference's split.
+    the shuffled indices at cumsum(p) * n_c. The whole draw repeats (without reseeding) until every
+    client has at least `min_train` train samples; then every client's train and test indices are
+    shuffled, client by client. A client's test labels therefore follow its train labels, and the
+    client test sets together are the whole test set. The calls on the RandomState (`seed`, see `Seed`)
+    are made in the reference's order: started from the reference's state (`split_clients` with
+    seed="reference"), this is the reference's split; an int seed gives a split of its own, not the
+    reference's (which does not depend on the run seed). The classes are 0 .. num_classes-1 when
+    `num_classes` is given (as in the reference, a class without samples still draws its p), else the
+    labels present.
 
     Example (CIFAR-10, K=10, beta=0.1, seed=1): client train sizes range from a few dozen to ~10,000.
     """
     _check_split_args(train_labels, num_clients, min_train)
     if beta <= 0:
         raise PartitionError(f"federation.beta must be > 0, got {beta}")
-    rng = np.random.RandomState(seed)
-    classes = np.unique(np.concatenate([train_labels, test_labels]))
+    rng = _random_state(seed)
+    classes = _classes(train_labels, test_labels, num_classes)
     n_train, n_test = len(train_labels), len(test_labels)
     for _ in range(max_attempts):
         train_parts: list[list[int]] = [[] for _ in range(num_clients)]
@@ -75,15 +94,24 @@ def _cut(parts: list[list[int]], indices: list[int], p: np.ndarray, cap: float) 
 
 
 def iid_split(
-    train_labels: np.ndarray, test_labels: np.ndarray, num_clients: int, seed: int, min_train: int = 1
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_clients: int,
+    seed: Seed,
+    min_train: int = 1,
+    num_classes: int | None = None,
 ) -> tuple[Parts, Parts]:
-    """Every class cut into K equal shares (the reference's "iid"): all clients see the same label mix."""
+    """Every class cut into K equal shares (the reference's "iid"): all clients see the same label mix.
+
+    Draws as the reference (`prepare_dataset_UL_fed`, "iid"): per class, shuffle its train then its test
+    indices; at the end shuffle each client's train then test indices. `seed` and `num_classes` as in
+    `dirichlet_split`."""
     _check_split_args(train_labels, num_clients, min_train)
-    rng = np.random.RandomState(seed)
+    rng = _random_state(seed)
     uniform = np.full(num_clients, 1.0 / num_clients)
     train_parts: list[list[int]] = [[] for _ in range(num_clients)]
     test_parts: list[list[int]] = [[] for _ in range(num_clients)]
-    for c in np.unique(np.concatenate([train_labels, test_labels])):
+    for c in _classes(train_labels, test_labels, num_classes):
         idx_train = list(np.flatnonzero(train_labels == c))
         idx_test = list(np.flatnonzero(test_labels == c))
         rng.shuffle(idx_train)
@@ -101,8 +129,9 @@ def quantity_split(
     test_labels: np.ndarray,
     num_clients: int,
     class_fraction: float,
-    seed: int,
+    seed: Seed,
     min_train: int = 1,
+    num_classes: int | None = None,
 ) -> tuple[Parts, Parts]:
     """Quantity-based label skew as in FedCoPL (`prepare_dataset_UL_fed`, "noniid-labeldir").
 
@@ -114,8 +143,10 @@ def quantity_split(
     both bounds to int), the last owner the rest; the test samples go to the same owners with sizes
     drawn the same way, independently. With m > 2 owners every one of the first m-1 gets less than
     n_c/m, so the last one holds the largest share; with one owner a class is not split (no draw).
-    No index is shuffled. `np.random.RandomState(seed)` is called in the reference's order, so a seed
-    gives the reference's split (the reference seeds the global RNG with the same number).
+    No index is shuffled. The RandomState (`seed`, see `Seed`) is called in the reference's order:
+    started from the reference's state (`split_clients` with seed="reference") this is the reference's
+    split; an int seed gives a split of its own. C is `num_classes` when given (the reference's class
+    count), else the largest label + 1.
 
     Example (CIFAR-10, K=10): clients 0 and 1 hold airplane and automobile, the first owner 250-2,499
     of a class's 5,000 train images.
@@ -123,7 +154,8 @@ def quantity_split(
     _check_split_args(train_labels, num_clients, min_train)
     if not 0 < class_fraction <= 1:
         raise PartitionError(f"federation.class_fraction must be in (0, 1], got {class_fraction}")
-    num_classes = int(max(train_labels.max(), test_labels.max(initial=0))) + 1
+    if num_classes is None:
+        num_classes = int(max(train_labels.max(), test_labels.max(initial=0))) + 1
     class_per_client = num_classes * class_fraction
     owners_per_class = int(num_clients / num_classes * class_per_client)  # the reference's expression
     if owners_per_class < 1:
@@ -132,7 +164,7 @@ def quantity_split(
             f"int({num_clients} * {class_fraction}) = 0 owners; raise federation.num_clients or "
             "federation.class_fraction"
         )
-    rng = np.random.RandomState(seed)
+    rng = _random_state(seed)
     slots = [class_per_client] * num_clients
     train_parts: list[list[int]] = [[] for _ in range(num_clients)]
     test_parts: list[list[int]] = [[] for _ in range(num_clients)]
@@ -212,7 +244,8 @@ def domain_dirichlet_split(
     N/K caps and the min_train redraw computed within the domain) and go to clients
     d * clients_per_domain ... (d + 1) * clients_per_domain - 1. Domain d draws from its own
     RandomState seeded by SeedSequence([seed, d]), so the domains are independent of each other and of
-    the seeds next to `seed`.
+    the seeds next to `seed`. (The reference has no domain datasets; `split_clients` passes 500 here
+    for partition_seed "reference".)
     """
     if clients_per_domain < 1:
         raise PartitionError(f"federation.clients_per_domain must be >= 1, got {clients_per_domain}")
@@ -255,10 +288,28 @@ def split_clients(
     beta: float,
     class_fraction: float,
     clients_per_domain: int,
-    seed: int,
+    seed: int | str,
     min_train: int,
+    dataset: str | None = None,
 ) -> tuple[Parts, Parts]:
-    """The split `federation.partition=scheme` asks for; every setting that does not fit says so."""
+    """The split `federation.partition=scheme` asks for; every setting that does not fit says so.
+
+    `seed` is `federation.partition_seed`:
+    - "reference": FedCoPL's own split. The label-skew schemes (dirichlet, quantity, iid) draw from
+      `reference_random_state(dataset)`: RandomState(500) advanced by exactly the draws the reference
+      makes after its reseed and before partitioning (for dtd, resisc45, cub, ucf101, cifar10, cifar100:
+      get_class_names' discarded choice(range(C), C, replace=False); see `fedur.data.reference_rng`),
+      and loop over the reference's C classes. For a dataset the reference does not have (domainnet,
+      officehome, imagefolder, synthetic) or dataset=None there is nothing to replay: plain
+      RandomState(500), no extra draws, classes from the labels. domain_dirichlet seeds its domains with
+      SeedSequence([500, d]). The run seed is not an input: every run seed gets the same split, as the
+      paper's seeds 1, 2, 3 do in the reference. The split equals the paper's only if the label arrays
+      list the same images in the same order as the reference's (fedur's loaders read its files).
+    - an int: `np.random.RandomState(seed)` (and SeedSequence([seed, d]) for domain_dirichlet), with
+      the reference's algorithm but not its split; e.g. the run seed, for a split of each seed's own.
+    `dataset` is `data.name`; it matters only for "reference".
+    """
+    state_seed = _resolve_seed(seed)
     if scheme in ("domain", "domain_dirichlet"):
         if train_domains is None or test_domains is None:
             raise PartitionError(
@@ -275,17 +326,66 @@ def split_clients(
                 f"{clients_per_domain * num_domains}"
             )
         return domain_dirichlet_split(
-            train_labels, test_labels, train_domains, test_domains, clients_per_domain, beta, seed, min_train
+            train_labels, test_labels, train_domains, test_domains, clients_per_domain, beta, state_seed, min_train
         )
+    if scheme not in ("dirichlet", "quantity", "iid"):
+        raise PartitionError(
+            f"federation.partition={scheme!r} is unknown; use dirichlet, quantity, domain, domain_dirichlet or iid"
+        )
+    rng, num_classes = partition_random_state(seed, dataset, train_labels, test_labels)
     if scheme == "dirichlet":
-        return dirichlet_split(train_labels, test_labels, num_clients, beta, seed, min_train)
+        return dirichlet_split(train_labels, test_labels, num_clients, beta, rng, min_train, num_classes=num_classes)
     if scheme == "quantity":
-        return quantity_split(train_labels, test_labels, num_clients, class_fraction, seed, min_train)
-    if scheme == "iid":
-        return iid_split(train_labels, test_labels, num_clients, seed, min_train)
-    raise PartitionError(
-        f"federation.partition={scheme!r} is unknown; use dirichlet, quantity, domain, domain_dirichlet or iid"
-    )
+        return quantity_split(train_labels, test_labels, num_clients, class_fraction, rng, min_train, num_classes)
+    return iid_split(train_labels, test_labels, num_clients, rng, min_train, num_classes)
+
+
+def partition_random_state(
+    seed: int | str, dataset: str | None, train_labels: np.ndarray, test_labels: np.ndarray
+) -> tuple[np.random.RandomState, int | None]:
+    """The RandomState a label-skew split draws from, and the class count it loops over (None: the labels').
+
+    "reference" with a dataset of the reference: its replayed state and its C (labels beyond C are an
+    error: the data is not the reference's); "reference" otherwise: RandomState(500), None; an int:
+    RandomState(seed), None.
+    """
+    state_seed = _resolve_seed(seed)
+    if not _is_reference(seed):
+        return np.random.RandomState(state_seed), None
+    known = REFERENCE_DATASETS.get(dataset) if dataset is not None else None
+    if known is None:
+        return reference_random_state(None), None
+    top = int(max(train_labels.max(initial=-1), test_labels.max(initial=-1)))
+    if top >= known.num_classes or min(train_labels.min(initial=0), test_labels.min(initial=0)) < 0:
+        raise PartitionError(
+            f"federation.partition_seed=reference replays FedCoPL's {known.name} with {known.num_classes} classes, "
+            f"but the labels go up to {top}; this is not the reference's data: set federation.partition_seed "
+            "to an integer"
+        )
+    return reference_random_state(dataset), known.num_classes
+
+
+def _is_reference(seed: int | str) -> bool:
+    return isinstance(seed, str) and seed == "reference"
+
+
+def _resolve_seed(seed: int | str) -> int:
+    """The integer behind `federation.partition_seed`: "reference" -> 500, an int -> itself."""
+    if _is_reference(seed):
+        return REFERENCE_SEED
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return int(seed)
+    raise PartitionError(f"federation.partition_seed must be an integer or 'reference', got {seed!r}")
+
+
+def _random_state(seed: Seed) -> np.random.RandomState:
+    return seed if isinstance(seed, np.random.RandomState) else np.random.RandomState(seed)
+
+
+def _classes(train_labels: np.ndarray, test_labels: np.ndarray, num_classes: int | None) -> np.ndarray:
+    if num_classes is not None:
+        return np.arange(num_classes)
+    return np.unique(np.concatenate([train_labels, test_labels]))
 
 
 def _check_split_args(train_labels: np.ndarray, num_clients: int, min_train: int) -> None:

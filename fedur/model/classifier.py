@@ -12,11 +12,15 @@ from fedur.model.clip import FrozenCLIP, encode_image_prompted, encode_text_embe
 from fedur.model.prompts import TextPrompt, init_prompt
 
 
-class PromptedCLIP(nn.Module):
-    """A frozen CLIP plus a text context (`text_prompt.ctx`) and deep visual prompts (`visual_prompt`).
+PROMPTS = ("visual", "text_ctx", "text_local")  # the prompt slots a client may hold, by name
 
-    Only the two prompt tensors are trainable. The federated loop swaps client state in and out of
-    them with `load_prompts` / `prompts`. `normalize` is applied to every image batch first: the
+
+class PromptedCLIP(nn.Module):
+    """A frozen CLIP plus a text context (`text_prompt.ctx`), deep visual prompts (`visual_prompt`) and,
+    with `local_text=True`, a second text context (`text_local`; FedOTP's local prompt).
+
+    Only the prompt tensors are trainable. The federated loop swaps client state in and out of
+    them by name ("visual", "text_ctx", "text_local") with `load_prompts` / `prompts`. `normalize` is applied to every image batch first: the
     identity for normalised float images, or the cache's uint8 -> float step (data/cache.py), which
     then runs on the device instead of per sample in the loader.
     """
@@ -30,6 +34,7 @@ class PromptedCLIP(nn.Module):
         visual_depth: int | None,
         init_std: float,
         seed: int,
+        local_text: bool = False,
     ) -> None:
         super().__init__()
         if n_ctx < 0 or visual_tokens < 0:
@@ -54,6 +59,8 @@ class PromptedCLIP(nn.Module):
         self.visual_prompt = nn.Parameter(init_prompt(shape, init_std, seed=seed * 1000 + 2))  # (depth, n_tok, width)
         self.text_prompt.ctx.requires_grad_(n_ctx > 0)
         self.visual_prompt.requires_grad_(visual_tokens > 0)
+        self.text_local = nn.Parameter(init_prompt((n_ctx, text_width), init_std, seed=seed * 1000 + 3)) if local_text else None
+        self.shared_prefix_text = False  # text tower: encode the class-independent prefix once (exact)
         self.normalize: Callable[[Tensor], Tensor] = _identity
 
     def train(self, mode: bool = True) -> "PromptedCLIP":
@@ -69,12 +76,26 @@ class PromptedCLIP(nn.Module):
     def logit_scale(self) -> Tensor:
         return self.clip.logit_scale.exp()
 
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in (self.visual_prompt, self.text_prompt.ctx) if p.requires_grad]
+    def slots(self) -> dict[str, nn.Parameter]:
+        slots = {"visual": self.visual_prompt, "text_ctx": self.text_prompt.ctx}
+        if self.text_local is not None:
+            slots["text_local"] = self.text_local
+        return slots
 
-    def text_features(self) -> Tensor:
-        embeddings = self.text_prompt()  # (C, L, width)
-        return F.normalize(encode_text_embeddings(self.clip, embeddings, self.text_prompt.tokens), dim=-1)
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.slots().values() if p.requires_grad and p.numel()]
+
+    def text_features(self, ctx: Tensor | None = None) -> Tensor:
+        """(C, D) unit-norm class features with the text context `ctx` (default: `text_prompt.ctx`)."""
+        embeddings = self.text_prompt(ctx)  # (C, L, width)
+        tokens = self.text_prompt.tokens
+        if self.shared_prefix_text:
+            from fedur.model.text_tower import encode_text_shared_prefix
+
+            features = encode_text_shared_prefix(self.clip, embeddings, tokens, 1 + self.text_prompt.ctx.shape[0])
+        else:
+            features = encode_text_embeddings(self.clip, embeddings, tokens)
+        return F.normalize(features, dim=-1)
 
     def image_features(self, images: Tensor, prompted: bool = True) -> Tensor:
         """Unit-norm features of an image batch, with the visual prompts or (`prompted=False`) as plain CLIP."""
@@ -95,16 +116,30 @@ class PromptedCLIP(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         return self.logits(self.image_features(images), self.text_features())
 
-    @torch.no_grad()
-    def load_prompts(self, visual: Tensor | None = None, text: Tensor | None = None) -> None:
-        if visual is not None:
-            self.visual_prompt.copy_(visual)
-        if text is not None:
-            self.text_prompt.ctx.copy_(text)
+    def zero_shot_classifier(self, text_features: Tensor) -> Callable[[Tensor], Tensor]:
+        """images -> zero-shot CLIP logits: plain image features against template text features (C, D)."""
+        text = text_features.to(self.logit_scale.device)
+        return lambda images: self.logits(self.image_features(images, prompted=False), text)
 
-    def prompts(self) -> tuple[Tensor, Tensor]:
-        """Detached copies of (visual prompt, text context)."""
-        return self.visual_prompt.detach().clone(), self.text_prompt.ctx.detach().clone()
+    def image_tokens(self, images: Tensor) -> Tensor:
+        """(B, 1 + N, D) unit-norm projected output tokens (class token first, then the patches)."""
+        images = self.normalize(images)
+        prompts = self.visual_prompt if self.visual_prompt.numel() else None
+        return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, return_tokens=True), dim=-1)
+
+    @torch.no_grad()
+    def load_prompts(self, prompts: dict[str, Tensor]) -> None:
+        """Copy the named prompts ("visual", "text_ctx", "text_local") into their slots."""
+        slots = self.slots()
+        for name, value in prompts.items():
+            if name not in slots:
+                raise KeyError(f"this model has no {name!r} prompt (it has {', '.join(slots)})")
+            slots[name].copy_(value)
+
+    def prompts(self, names: tuple[str, ...] | None = None) -> dict[str, Tensor]:
+        """Detached copies of the named prompts (default: every slot)."""
+        slots = self.slots()
+        return {name: slots[name].detach().clone() for name in (tuple(slots) if names is None else names)}
 
 
 def _identity(images: Tensor) -> Tensor:

@@ -43,9 +43,10 @@ class TextPrompt(nn.Module):
         self.register_buffer("suffix", embedded[:, 1 + n_ctx :].clone(), persistent=False)  # (C, *, width)
         self.ctx = nn.Parameter(init.clone())  # (n_ctx, width)
 
-    def forward(self) -> Tensor:
+    def forward(self, ctx: Tensor | None = None) -> Tensor:
+        """The class prompts' token embeddings with the context `ctx` (n_ctx, width) (default: `self.ctx`)."""
         n_cls = self.prefix.shape[0]
-        ctx = self.ctx.unsqueeze(0).expand(n_cls, -1, -1)  # (C, n_ctx, width)
+        ctx = (self.ctx if ctx is None else ctx).unsqueeze(0).expand(n_cls, -1, -1)  # (C, n_ctx, width)
         return torch.cat([self.prefix, ctx.to(self.prefix.dtype), self.suffix], dim=1)  # (C, L, width)
 
 

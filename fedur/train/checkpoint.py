@@ -155,13 +155,13 @@ def save_round(rank: "Rank", run_dir: Path, round_idx: int, global_state: dict, 
 
 
 def save_prompts(folder: Path, shared: "dict[str, Tensor]", clients: "list[ClientState]", write_shared: bool) -> None:
-    """The final prompts: global.pt, the shared prompts (rank 0), and client_XXX.pt, the visual prompt and
-    text context each client classifies with (written by the rank that hosts it)."""
+    """The final prompts: global.pt, the shared prompts (rank 0), and client_XXX.pt, the prompts each client
+    classifies with, by name (written by the rank that hosts it)."""
     folder.mkdir(exist_ok=True)
     if write_shared and shared:
         torch.save({name: t.cpu() for name, t in shared.items()}, folder / "global.pt")
     for client in clients:
-        state = {"client_id": client.client_id, "visual": client.visual.cpu(), "text_ctx": client.text_ctx.cpu()}
+        state = {"client_id": client.client_id, **{name: t.cpu() for name, t in client.prompts.items()}}
         torch.save(state, folder / f"client_{client.client_id:03d}.pt")
 
 

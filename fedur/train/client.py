@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,11 +20,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class PseudoLabels:
-    """A client's selected training set until the next refresh."""
+    """A client's selected training set until the next refresh (a labeller's `Selection`, stored)."""
 
     indices: Tensor  # (n_sel,) positions in the client's train indices
-    labels: Tensor  # (n_sel,) argmax pseudo-labels
-    negatives: Tensor  # (n_sel, C) bool stored negative pseudo-labels (all False for rules online/none)
+    labels: Tensor  # (n_sel,) hard pseudo-labels
+    mask: Tensor  # (n_sel, C) bool: the labeller's per-sample class mask (negative labels, or CPL's candidates)
 
 
 @dataclass
@@ -35,10 +35,11 @@ class ClientState:
     client_id: int
     train_indices: np.ndarray  # into the dataset's train split
     test_indices: np.ndarray  # into the dataset's test split
-    visual: Tensor  # (depth, n_tok, width): the visual prompt it uses (the global one when shared)
-    text_ctx: Tensor  # (n_ctx, width): the text prompt it uses (personal unless fedur.share shares it)
+    prompts: dict[str, Tensor]  # the method's prompts it uses, by name ("visual", "text_ctx", ...): the global
+    # aggregate for the shared ones, its own for the others
     optimizer_state: dict | None = None  # SGD momentum, kept across rounds only with optim.optimizer_state=client
     pseudo_labels: PseudoLabels | None = None
+    extra: dict[str, Tensor] = field(default_factory=dict)  # the method's per-client state (pFedPrompt's cache)
 
     # A client's random streams are a pure function of (run.seed, client_id, round) (federated/streams.py):
     # the round counter in the checkpoint is all they need.
@@ -48,10 +49,10 @@ class ClientState:
             "client_id": self.client_id,
             "train_indices": torch.from_numpy(self.train_indices),
             "test_indices": torch.from_numpy(self.test_indices),
-            "visual": self.visual.cpu(),
-            "text_ctx": self.text_ctx.cpu(),
+            "prompts": {name: t.cpu() for name, t in self.prompts.items()},
             "optimizer_state": self.optimizer_state,
             "pseudo_labels": None if labels is None else vars(labels),
+            "extra": {name: t.cpu() for name, t in self.extra.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -62,11 +63,16 @@ class ClientState:
                     f"client {self.client_id}: its {name} differ from the checkpoint's; the dataset or its "
                     "split changed since the run started (data.root contents, fractions, partition)"
                 )
-        device = self.visual.device
-        self.visual, self.text_ctx = state["visual"].to(device), state["text_ctx"].to(device)
+        if set(state["prompts"]) != set(self.prompts):
+            raise CheckpointError(
+                f"client {self.client_id}: the checkpoint holds prompts {sorted(state['prompts'])}, this method "
+                f"{sorted(self.prompts)}; method.name or method.share changed since the run started"
+            )
+        self.prompts = {name: t.to(self.prompts[name].device) for name, t in state["prompts"].items()}
         self.optimizer_state = momentum_only(state["optimizer_state"])
         labels = state["pseudo_labels"]
         self.pseudo_labels = None if labels is None else PseudoLabels(**labels)
+        self.extra = dict(state["extra"])
 
 
 def momentum_only(optimizer_state: dict | None) -> dict | None:
@@ -94,14 +100,14 @@ def train_client(rank: "Rank", client: ClientState, round_idx: int, optimizer_st
     loop decides what is uploaded.
     """
     fabric, tuner, work, progress = rank.fabric, rank.tuner, rank.work, rank.progress
-    tuner.load_prompts(client.visual, client.text_ctx)
+    tuner.begin(client)
     optimization = tuner.configure_optimizers(round_idx)
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     if optimizer_state is not None:  # the momentum only: the learning rate is the schedule's
         optimizer.load_state_dict({"state": optimizer_state, "param_groups": optimizer.state_dict()["param_groups"]})
     labels = client.pseudo_labels
     selected = client.train_indices[labels.indices.numpy()]
-    data = ClientImages(rank.dataset.train, selected, rank.transform, (labels.labels, labels.negatives))
+    data = ClientImages(rank.dataset.train, selected, rank.transform, (labels.labels, labels.mask))
     loader = make_loader(
         data, work.batch_size, work.num_workers, generator=client_generator(work.seed, client.client_id, round_idx),
         pin_memory=fabric.device.type == "cuda",
@@ -123,6 +129,6 @@ def train_client(rank: "Rank", client: ClientState, round_idx: int, optimizer_st
                 progress.write(f"  client {client.client_id} step {steps} loss {out['loss'].item():.4f}")  # every rank
         if steps:  # a client without selected samples takes no step
             scheduler.step()
-    client.visual, client.text_ctx = tuner.prompts()
+    client.prompts = tuner.prompts()
     means = (sums / max(steps, 1)).tolist()  # device-to-host sync, once per client-round
     return LocalResult(*means, lr=lr, optimizer_state=copy.deepcopy(optimizer.state_dict()["state"]))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from lightning import Fabric
@@ -10,31 +10,21 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from torchmetrics.functional.classification import multiclass_confusion_matrix
 
-from fedur.model.classifier import PromptedCLIP
 
 if TYPE_CHECKING:
     from fedur.train.rank import Rank
 
 
 @torch.no_grad()
-def predict(
-    fabric: Fabric, model: PromptedCLIP, loader: DataLoader, zero_shot_text: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """(logits (n, C) float32 on CPU, labels (n,)) for a loader of (image, label) batches.
-
-    With `zero_shot_text` (C, D) the plain CLIP image features are used (no prompts); otherwise the
-    currently loaded prompts. Text features are computed once per call.
-    """
+def predict(fabric: Fabric, classify: Callable[[Tensor], Tensor], loader: DataLoader, num_classes: int) -> tuple[Tensor, Tensor]:
+    """(logits (n, C) float32 on CPU, labels (n,)) of `classify` (images -> logits, its text side already
+    computed) over a loader of (image, label) batches."""
     logits, labels = [], []
-    with fabric.autocast():
-        text = zero_shot_text.to(fabric.device) if zero_shot_text is not None else model.text_features()
-        for images, batch_labels in loader:
-            images = fabric.to_device(images)
-            features = model.image_features(images, prompted=zero_shot_text is None)
-            logits.append(model.logits(features, text).float().cpu())  # device-to-host copy per batch
-            labels.append(batch_labels)
+    for images, batch_labels in loader:
+        logits.append(classify(fabric.to_device(images)).float().cpu())  # device-to-host copy per batch
+        labels.append(batch_labels)
     if not logits:
-        return torch.zeros(0, model.num_classes), torch.zeros(0, dtype=torch.long)
+        return torch.zeros(0, num_classes), torch.zeros(0, dtype=torch.long)
     return torch.cat(logits), torch.cat(labels)
 
 
@@ -52,8 +42,8 @@ def correct_and_total(confusion: Tensor) -> Tensor:
 
 
 def evaluate_clients(rank: "Rank", zero_shot: bool = False, with_confusion: bool = False) -> tuple[Tensor, Tensor | None]:
-    """(K, 2) [correct, total] of every client on its own test set with its prompts (the global visual
-    prompt and its own text prompt), or as zero-shot CLIP; and with `with_confusion` the clients' (K, C, C)
+    """(K, 2) [correct, total] of every client on its own test set with its model (the method's logits with
+    the client's prompts), or as zero-shot CLIP; and with `with_confusion` the clients' (K, C, C)
     confusion matrices from the same pass (else None). Every rank calls this."""
     confusions = {k: confusion_matrix(logits, labels) for k, (logits, labels) in rank.predict("test", zero_shot).items()}
     counts = {k: correct_and_total(matrix) for k, matrix in confusions.items()}

@@ -12,6 +12,7 @@ from torch import Tensor
 from fedur.config import Config, result_settings
 from fedur.federated.aggregation import weighted_average
 from fedur.federated.collectives import Collectives
+from fedur.federated.divergence import drift_diversity, mean_pairwise_cosine_distance
 from fedur.federated.placement import placement_table
 from fedur.federated.streams import participants
 from fedur.train import checkpoint
@@ -32,14 +33,12 @@ INT64_BYTES, FLOAT32_BYTES = 8, 4
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # agreed as max over ranks: SIGUSR1 (requeue) wins
 
-SHARED = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text_ctx"), "none": ()}
-
 
 @dataclass
 class FitResult:
     summary: dict | None  # None when the run stopped early on a signal (it resumes from its checkpoint)
     rank: Rank  # what this process held, with its clients' final prompts
-    global_prompts: dict[str, Tensor]  # the last aggregate of each shared prompt ("visual", "text_ctx")
+    global_prompts: dict[str, Tensor]  # the last aggregate of each shared prompt ("visual", "text_ctx", ...)
     stopped_by: str | None = None  # the signal that stopped the run early
 
     @property
@@ -60,7 +59,7 @@ def fit(
     stop: StopRequest | None = None,
 ) -> FitResult:
     """Run (or continue, from `resume`) the federated rounds; `stop` ends the run after a round's commit."""
-    fed, method = cfg.federation, cfg.fedur
+    fed = cfg.federation
     start_round = 0 if resume is None else resume.round_idx + 1
     collectives = Collectives(fabric, peer_timeout=cfg.run.peer_timeout)
     progress = Progress(enabled=cfg.run.progress and fabric.is_global_zero)  # rank 0's bars; the others stay quiet
@@ -76,8 +75,10 @@ def fit(
     recorder.record_placement(gather_placement(rank))
     recorder.record_partition(*partition_counts, rank.dataset.classnames)
 
-    shared = {name: t for name, t in zip(("visual", "text_ctx"), rank.model.prompts()) if name in SHARED[method.share]}
+    method, labeller = rank.method, rank.tuner.labeller
+    shared = rank.model.prompts(method.shared)  # the server's aggregate of each shared prompt
     upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
+    histogram_bytes = (2 if labeller.cooperative else 1) * rank.model.num_classes * INT64_BYTES
     if resumed is None:
         recorder.record_zero_shot(evaluate_clients(rank, zero_shot=True)[0])
         refresh, carried = None, None  # carried: optim.optimizer_state=shared passes momentum client to client
@@ -89,24 +90,30 @@ def fit(
 
     fault, confusion = parse_fault(cfg.run.fault), None
     start_time, wall_before = time.perf_counter(), 0.0 if resumed is None else resumed["wall_seconds"]
-    for round_idx in progress.iterate(range(start_round, fed.rounds), "rounds", total=fed.rounds, initial=start_round):
-        round_start = time.perf_counter()
+    rounds = range(start_round, fed.rounds) if method.trains else range(0)  # zero-shot CLIP: nothing to train
+    for round_idx in progress.iterate(rounds, "rounds", total=fed.rounds, initial=start_round):
+        clock = PhaseClock()
         refreshed = round_idx % fed.refresh_every == 0
         if refreshed:
-            refresh = refresh_pseudo_labels(rank, round_idx == 0, round_idx // fed.refresh_every, method, len(rank.dataset.train))
+            refresh = refresh_pseudo_labels(rank, round_idx == 0, round_idx // fed.refresh_every, labeller, len(rank.dataset.train))
             rank.tuner.use_class_weights(refresh.class_weights)
+        clock.lap("refresh")
 
         joined = torch.from_numpy(participants(fed.num_clients, fed.join_rate, cfg.run.seed, round_idx))
         weights = refresh.selected.sum(dim=1) * joined  # |D~_k| of the clients that train; 0 otherwise
+        started = {c.client_id: c.prompts for c in rank.clients}  # before local training, for the divergence
         local_losses, carried = train_clients(rank, round_idx, weights, carried, cfg.optim.optimizer_state, fault)
+        clock.lap("train")
+        divergence = prompt_divergence(rank, started, weights)
         shared.update(aggregate(rank, shared, weights))
+        clock.lap("aggregate")
         accuracy, confusion = evaluate_clients(rank, with_confusion=round_idx == fed.rounds - 1)
         losses = rank.gather(local_losses, like=torch.zeros(4, dtype=torch.float64), what="local losses")
+        clock.lap("evaluate")
 
-        uploads = (weights > 0) * upload_bytes + (2 * rank.model.num_classes * INT64_BYTES if refreshed else 0)
-        seconds = time.perf_counter() - round_start
-        outcome = RoundOutcome(round_idx, refreshed, joined, weights, accuracy, losses, uploads, seconds)
-        recorder.record_round(round_record(outcome, fed.rounds, refresh))
+        uploads = (weights > 0) * upload_bytes + (histogram_bytes if refreshed else 0)
+        outcome = RoundOutcome(round_idx, refreshed, joined, weights, accuracy, losses, uploads, clock.total(), clock.laps)
+        recorder.record_round(round_record(outcome, fed.rounds, refresh, divergence))
         global_state = {
             "shared": {name: t.cpu() for name, t in shared.items()}, "refresh": vars(refresh), "carried_optimizer": carried,
             "wall_seconds": wall_before + time.perf_counter() - start_time,  # over every session of the run
@@ -125,10 +132,15 @@ def fit(
     checkpoint.save_prompts(run_dir.path("prompts"), shared, rank.clients, write_shared=fabric.is_global_zero)
     wall_seconds = wall_before + time.perf_counter() - start_time
     domains = domain_summary(recorder.rounds, rank.dataset, fed.partition, fed.num_clients, fed.clients_per_domain)
+    untrained = {} if method.trains else {  # zero-shot CLIP: its accuracy is the run's result
+        "final_mean_accuracy": recorder.zero_shot.get("zero_shot_client_mean"),
+        "final_client_accuracy": recorder.zero_shot.get("zero_shot_client_accuracy"),
+    }
     summary = recorder.finish(
         asdict(cfg),
         {"num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,
-         "skipped_images": skipped, **domains},
+         "method": method.name, "labeller": labeller.name if method.trains else None,
+         "skipped_images": skipped, **domains, **untrained},
     )
     return FitResult(summary, rank, shared)
 
@@ -179,10 +191,42 @@ def aggregate(rank: Rank, shared: dict[str, Tensor], weights: Tensor) -> dict[st
     hand the average to every client, also those that sat the round out. Every rank calls this."""
     averaged = {}
     for name, current in shared.items():
-        uploads = {c.client_id: getattr(c, name) for c in rank.clients if weights[c.client_id] > 0}
+        uploads = {c.client_id: c.prompts[name] for c in rank.clients if weights[c.client_id] > 0}
         stacked = rank.gather(uploads, like=current, what=f"{name} prompts")  # (K, *shape)
         average = weighted_average(stacked, weights)
         averaged[name] = current if average is None else average
         for client in rank.clients:
-            setattr(client, name, averaged[name])
+            client.prompts = {**client.prompts, name: averaged[name]}
     return averaged
+
+
+def prompt_divergence(rank: Rank, started: dict[int, dict[str, Tensor]], weights: Tensor) -> dict[str, dict]:
+    """How far apart the clients' local updates of each prompt are, before aggregation (the paper's Fig. 2):
+    {prompt: {"drift_diversity", "cosine_distance"}} over the clients that trained. Every rank calls this."""
+    out = {}
+    for name in rank.method.prompts:
+        like = next(iter(started.values()))[name] if started else rank.model.prompts((name,))[name]
+        updates = {c.client_id: c.prompts[name] - started[c.client_id][name] for c in rank.clients if weights[c.client_id] > 0}
+        stacked = rank.gather(updates, like=like, what=f"{name} prompt updates")[weights > 0]  # (K', *shape)
+        out[name] = {  # drift diversity in FedVLS's form (the authors' own), sum_k |d_k|^2 / |sum_k d_k|^2
+            "drift_diversity": drift_diversity(stacked, normalize_weights=False),
+            "cosine_distance": mean_pairwise_cosine_distance(stacked),
+        }
+    return out
+
+
+class PhaseClock:
+    """Seconds per phase of a round: refresh, train, aggregate, evaluate (the checkpoint's save comes after
+    the round's metrics are written, so that a resume never lacks a committed round's line)."""
+
+    def __init__(self) -> None:
+        self.begin = self.last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, phase: str) -> float:
+        now = time.perf_counter()
+        self.laps[phase], self.last = now - self.last, now
+        return self.laps[phase]
+
+    def total(self) -> float:
+        return time.perf_counter() - self.begin

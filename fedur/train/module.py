@@ -14,9 +14,10 @@ import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from fedur.federated.selection import NegativeRule, mass_negatives
+from fedur.labels.base import Labeller
+from fedur.methods.base import Method
 from fedur.model.classifier import PromptedCLIP
-from fedur.train.losses import negative_loss, positive_loss
+from fedur.train.client import ClientState
 
 
 def cosine_factor(epoch: int, first_epoch: int, total_epochs: int) -> float:
@@ -25,60 +26,56 @@ def cosine_factor(epoch: int, first_epoch: int, total_epochs: int) -> float:
 
 
 class PromptTuner(L.LightningModule):
-    """Trains the prompts of `model` (its frozen CLIP stays as it is) with L = L_pos + lambda * L_neg."""
+    """Trains a client's prompts of `model` (its frozen CLIP stays as it is) with the labeller's loss plus
+    the method's penalty, on logits the method forms."""
 
     def __init__(
         self,
         model: PromptedCLIP,
+        method: Method,
+        labeller: Labeller,
         lr: float = 0.1,
         momentum: float = 0.9,
         weight_decay: float = 0.05,
         local_epochs: int = 10,
         refresh_every: int = 5,
-        negatives: NegativeRule = "mass",
-        tau_neg: float = 0.2,
-        neg_loss_weight: float = 1.0,
     ) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.method, self.labeller = model, method, labeller
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.local_epochs, self.refresh_every = local_epochs, refresh_every
-        self.negatives, self.tau_neg, self.neg_loss_weight = negatives, tau_neg, neg_loss_weight
         self.register_buffer("class_weights", None, persistent=False)  # (C,) global, from each refresh
+        self.client: ClientState | None = None  # the client being trained
+        self.start: dict[str, Tensor] = {}  # the prompts it started the round with
 
     @property
     def num_classes(self) -> int:
         return self.model.num_classes
 
-    def load_prompts(self, visual: Tensor, text_ctx: Tensor) -> None:
-        """Start from a client's prompts (copied into the prompt slots)."""
-        self.model.load_prompts(visual, text_ctx)
+    def begin(self, client: ClientState) -> None:
+        """Train `client` next: its prompts go into the model's slots."""
+        self.model.load_prompts(client.prompts)
+        self.client, self.start = client, client.prompts
 
-    def prompts(self) -> tuple[Tensor, Tensor]:
-        """Detached copies of the trained (visual prompt, text context)."""
-        return self.model.prompts()
+    def prompts(self) -> dict[str, Tensor]:
+        """Detached copies of the trained prompts of the method."""
+        return self.model.prompts(self.method.prompts)
 
     def use_class_weights(self, weights: Tensor | None) -> None:
-        """The global class weights of L_pos until the next pseudo-label refresh (None: unweighted)."""
+        """The global class weights of the cross-entropy until the next pseudo-label refresh (None: unweighted)."""
         self.class_weights = None if weights is None else weights.to(self.device)
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.model(images)
+        return self.method.logits(self.model, images, self.method.text_side(self.model), self.client)
 
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int = 0) -> dict[str, Tensor]:
-        """batch = (images (B, 3, H, W), pseudo-labels (B,), stored negative pseudo-labels (B, C) bool)."""
-        images, labels, negatives = batch
-        logits = self(images)  # (B, C)
-        loss_pos = positive_loss(logits, labels, self.class_weights)
-        if self.negatives == "none":
-            loss_neg = torch.zeros((), device=logits.device)
-        else:
-            if self.negatives == "online":
-                negatives = mass_negatives(logits.detach().float().softmax(dim=-1), self.tau_neg)
-                negatives[torch.arange(len(labels), device=labels.device), labels] = False
-            loss_neg = negative_loss(logits, negatives)
-        loss = loss_pos + self.neg_loss_weight * loss_neg
-        return {"loss": loss, "loss_pos": loss_pos.detach(), "loss_neg": loss_neg.detach()}
+        """batch = (images (B, 3, H, W), pseudo-labels (B,), the labeller's class mask (B, C) bool)."""
+        images, labels, mask = batch
+        loss, loss_pos, loss_neg = self.labeller.loss(self(images), labels, mask, self.class_weights)
+        penalty = self.method.penalty(self.model, self.start)
+        if penalty is not None:
+            loss = loss + penalty
+        return {"loss": loss, "loss_pos": loss_pos, "loss_neg": loss_neg}
 
     def configure_optimizers(self, round_idx: int = 0) -> dict:
         """SGD over the prompts only (the reference's two SGDs with equal settings act as this one) and its

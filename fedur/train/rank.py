@@ -17,6 +17,7 @@ from torch import Tensor
 from fedur.data.datasets import ImageDataset
 from fedur.data.loaders import ClientImages, make_loader
 from fedur.federated.collectives import Collectives
+from fedur.methods.base import Method
 from fedur.model.classifier import PromptedCLIP
 from fedur.train.client import ClientState
 from fedur.train.evaluate import predict
@@ -52,6 +53,10 @@ class Rank:
     def model(self) -> PromptedCLIP:
         return self.tuner.model
 
+    @property
+    def method(self) -> Method:
+        return self.tuner.method
+
     def gather(self, values: dict[int, Tensor], like: Tensor, what: str) -> Tensor:
         """(K, *like.shape): row k is client k's value, from whichever rank hosts it. Every rank calls this."""
         return self.collectives.gather_clients(values, self.num_clients, like=like, what=what)
@@ -61,17 +66,34 @@ class Rank:
         self, split: Literal["train", "test"], zero_shot: bool = False, desc: str | None = None
     ) -> dict[int, tuple[Tensor, Tensor]]:
         """Each hosted client's (logits (n_k, C) float32 on CPU, true labels (n_k,)) over its own images of
-        `split`: with its prompts (the global visual prompt and its own text prompt), or as zero-shot CLIP.
+        `split`: with its model (the method's logits with the client's prompts), or as zero-shot CLIP.
         With `desc`, rank 0 shows the progress over clients and batches."""
-        data = getattr(self.dataset, split)
         out = {}
         clients = self.clients if desc is None else self.progress.iterate(self.clients, desc)
         for client in clients:
             indices = client.train_indices if split == "train" else client.test_indices
-            self.model.load_prompts(client.visual, client.text_ctx)
-            images = ClientImages(data, indices, self.transform, (torch.from_numpy(data.labels[indices]),))
-            loader = make_loader(images, self.work.eval_batch_size, self.work.num_workers)
+            loader = self._loader(split, indices)
             if desc is not None:
                 loader = self.progress.iterate(loader, f"client {client.client_id} batches")
-            out[client.client_id] = predict(self.fabric, self.model, loader, self.zero_shot_text if zero_shot else None)
+            with self.fabric.autocast():
+                if zero_shot:
+                    classify = self.model.zero_shot_classifier(self.zero_shot_text)
+                else:
+                    self.model.load_prompts(client.prompts)
+                    classify = self.method.classifier(self.model, client)
+                out[client.client_id] = predict(self.fabric, classify, loader, self.model.num_classes)
         return out
+
+    @torch.no_grad()
+    def image_features(self, split: Literal["train", "test"], indices) -> Tensor:
+        """(n, D) frozen CLIP image features (no prompts) of `split` images `indices`, float32 on CPU."""
+        features = []
+        with self.fabric.autocast():
+            for images, _ in self._loader(split, indices):
+                features.append(self.model.image_features(self.fabric.to_device(images), prompted=False).float().cpu())
+        return torch.cat(features) if features else torch.zeros(0, self.zero_shot_text.shape[-1])
+
+    def _loader(self, split: Literal["train", "test"], indices):
+        data = getattr(self.dataset, split)
+        images = ClientImages(data, indices, self.transform, (torch.from_numpy(data.labels[indices]),))
+        return make_loader(images, self.work.eval_batch_size, self.work.num_workers)

@@ -154,6 +154,11 @@ class Recorder:
             scalars[f"loss/client_{k:03d}"] = row["loss"][k]
         for name in ("loss", "loss_pos", "loss_neg"):
             scalars[f"loss/{name}_mean"] = mean(row[name])
+        for phase, seconds in (row.get("phase_seconds") or {}).items():
+            scalars[f"time/{phase}_seconds"] = seconds
+        for prompt, values in (row.get("prompt_divergence") or {}).items():  # Fig. 2 of the paper
+            for name, value in values.items():
+                scalars[f"divergence/{prompt}_{name}"] = value
         for c, weight in enumerate(row.get("class_weights") or []):  # refresh rounds with class weights on
             scalars[f"pseudo_labels/class_weight_{c:03d}"] = weight
         self._scalars(scalars, step)
@@ -217,6 +222,8 @@ class Recorder:
             self.tensorboard.finalize("success")
         if self.rounds:
             self.note(summary_table(self.rounds, self.zero_shot.get("zero_shot_client_accuracy")))
+        if not self.rounds:  # zero-shot CLIP: nothing was trained
+            return summary
         best_round = "n/a" if summary["best_round"] is None else summary["best_round"] + 1
         self.note(
             f"final mean accuracy {fmt(summary['final_mean_accuracy'])}% (best {fmt(summary['best_mean_accuracy'])}% "

@@ -25,9 +25,10 @@ class RoundOutcome:
     losses: Tensor  # (K, 4) mean loss, loss_pos, loss_neg and the first learning rate of each client that trained
     uploads: Tensor  # (K,) bytes each client sent
     seconds: float
+    phase_seconds: dict[str, float]  # refresh, train, aggregate, evaluate
 
 
-def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh) -> dict:
+def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh, divergence: dict[str, dict]) -> dict:
     """One line of metrics.jsonl: every per-client list is indexed by client id."""
     trained = (outcome.weights > 0).tolist()
     refreshed, losses = outcome.refreshed, outcome.losses
@@ -53,7 +54,9 @@ def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh) -> dict:
         "loss_pos": per_trained(1),
         "loss_neg": per_trained(2),
         "round_seconds": outcome.seconds,
+        "phase_seconds": outcome.phase_seconds,
         "bytes_sent": outcome.uploads.tolist(),
+        "prompt_divergence": divergence,  # {prompt: {drift_diversity, cosine_distance}} of the local updates
     }
 
 

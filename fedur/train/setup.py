@@ -15,6 +15,8 @@ from fedur.data.datasets import ImageDataset, build_dataset
 from fedur.data.partition import class_histogram, split_clients
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
+from fedur.labels import build_labeller
+from fedur.methods import build_method
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
 from fedur.train.client import ClientState
@@ -28,7 +30,9 @@ def setup(
 ) -> tuple[Rank, tuple[np.ndarray, np.ndarray], list[str]]:
     """This rank; every client's (K, C) class counts of its train and of its test images (the split is the
     same pure function on every rank); and the images left out as unreadable (data.corrupt_images: skip)."""
-    d, fed, optim, method = cfg.data, cfg.federation, cfg.optim, cfg.fedur
+    d, fed, optim = cfg.data, cfg.federation, cfg.optim
+    method = build_method(cfg.method)
+    labeller = build_labeller(cfg.method.labeller if cfg.method.labeller != "auto" else method.default_labeller, cfg.labels, d.name)
     with fabric.rank_zero_first():  # rank 0 downloads and decodes, the others then read its copy
         torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
         clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
@@ -42,20 +46,22 @@ def setup(
     train_parts, test_parts = split_clients(
         fed.partition, dataset.train.labels, dataset.test.labels, dataset.train.domains, dataset.test.domains,
         num_clients=fed.num_clients, beta=fed.beta, class_fraction=fed.class_fraction,
-        clients_per_domain=fed.clients_per_domain, seed=cfg.run.seed, min_train=fed.min_train_per_client,
+        clients_per_domain=fed.clients_per_domain, seed=fed.partition_seed, min_train=fed.min_train_per_client,
+        dataset=d.name,
     )
+    visual_tokens = cfg.model.visual_tokens if "visual" in method.prompts else 0  # methods without a visual prompt
     model = PromptedCLIP(
-        clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
-        cfg.model.ctx_init_std, cfg.run.seed,
+        clip, dataset.classnames, cfg.model.n_ctx, visual_tokens, cfg.model.visual_depth, cfg.model.ctx_init_std,
+        cfg.run.seed, local_text=method.local_text,
     )
+    model.shared_prefix_text = cfg.model.shared_prefix_text
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     tuner = PromptTuner(
-        model, optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every,
-        method.negatives, method.tau_neg, method.neg_loss_weight,
+        model, method, labeller, optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every,
     ).to(fabric.device)
-    visual, text = model.prompts()  # every client starts from the same prompts
+    start = model.prompts(method.prompts)  # every client starts from the same prompts
     local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank)
-    clients = [ClientState(k, train_parts[k], test_parts[k], visual, text) for k in local_ids]
+    clients = [ClientState(k, train_parts[k], test_parts[k], dict(start)) for k in local_ids]
     work = LocalWork(optim.batch_size, optim.eval_batch_size, d.num_workers, cfg.run.seed, cfg.run.log_every_n_steps)
     zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
     rank = Rank(fabric, collectives, tuner, clients, dataset, loading.transform, zero_shot_text, fed.num_clients, work, progress)
@@ -67,11 +73,18 @@ def setup(
 def load_data(cfg: Config) -> ImageDataset:
     d = cfg.data
     return build_dataset(
-        d.name, d.root, d.classnames_file, d.template, d.download, d.train_fraction, d.test_fraction, cfg.run.seed,
+        d.name, d.root, d.classnames_file, d.template, d.download, d.train_fraction, d.test_fraction, data_seed(cfg),
         d.synthetic_classes, d.synthetic_train_per_class, d.synthetic_test_per_class, d.synthetic_image_size,
         domains=d.domains, domainnet_classes=d.domainnet_classes, holdout_fraction=d.holdout_fraction,
         holdout_seed=d.holdout_seed, ucf101_include_val=d.ucf101_include_val,
     )
+
+
+def data_seed(cfg: Config) -> int:
+    """The seed of the generated images and of the train/test fractions: the partition's, so that the run
+    seed changes only the prompts' init and the data order (as in the reference), not the data."""
+    seed = cfg.federation.partition_seed
+    return 500 if seed == "reference" else seed
 
 
 def describe(rank: Rank, cfg: Config) -> str:
@@ -80,5 +93,6 @@ def describe(rank: Rank, cfg: Config) -> str:
     return (
         f"fedur: {dataset.name} ({dataset.num_classes} classes, {len(dataset.train)} train / {len(dataset.test)} test), "
         f"{fed.num_clients} clients on {rank.fabric.world_size} rank(s), {fed.partition} split, "
-        f"{fed.rounds} rounds x {fed.local_epochs} local epochs, device {rank.fabric.device}"
+        f"{fed.rounds} rounds x {fed.local_epochs} local epochs, method {rank.method.name} with labeller "
+        f"{rank.tuner.labeller.describe()}, device {rank.fabric.device}"
     )

@@ -1,0 +1,240 @@
+"""CPL: candidate pseudo-label sets, their per-class selection and the 'cc' loss (spec sec. 10).
+
+Zhang et al., ICML 2024, `vanillaer/CPL-ICML2024`:
+- candidate sets: `utils/clip_pseudolabels.py::gererate_partialY` (method 'CPL') = intra-instance
+  `detect_candidate_bycum` at conf_thr = `get_partialY_byAutoThr` ('quantile') AND inter-instance
+  `detect_candidate_bycls_thr`, each renormalised by `get_partialY_byThr`;
+- selection: `InstanceSelector.select_topk_for_eachcls` / `_fill_pools` with `utils/utils.py::ClassPool`,
+  called as in `methods/unsupervised_learning_new/textual_PL.py::_create_training_dataset`;
+- loss: `utils/loss.py::PLL_loss.forward_cc` (the scripts' `loss_types=('cc')`).
+
+Per-refresh K. CPL's `textual_fpl` setting selects N_PSEUDOSHOTS = 16 per class once; its `grip_textual`
+setting grows K at every iteration (`training_strategies.py::grip_train`, `grip_per_class` here) and caps
+each class's pool by its previous fill (`select_topk_for_eachcls` step 2, `cpl_pool_caps` here). `cpl_select`
+takes `per_class` as an int or a (C,) tensor of caps, so either schedule fits; the default is the fixed
+16 per class and client (the `textual_fpl` setting, as for FPL). For a GRIP-like federated run, use at
+refresh t: `cpl_pool_caps(previous fill, grip_per_class(n_k, C, t, step_quantile))`.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+from torch import Tensor
+
+from fedur.config import LabelsConfig
+from fedur.labels.base import Labeller, Selection
+
+EPS = 1e-7  # the reference's threshold on renormalised candidate weights (`> 1e-7` everywhere)
+
+# (alpha, beta) per dataset from `scripts/run-textPT_ALL.sh` (learning_paradigm 'ul'): alpha = CONF_QUANTILE / 100
+# (quantile of the max-probs that sets conf_thr), beta = REGULAR_THRESHOLD (per-class quantile).
+CPL_QUANTILES: dict[str, tuple[float, float]] = {
+    "dtd": (0.75, 0.95),
+    "resisc45": (0.90, 0.97),
+    "cub": (0.75, 0.99),
+    "flowers102": (0.60, 0.99),
+    "eurosat": (0.75, 0.80),
+    "fgvc_aircraft": (0.90, 0.97),
+}
+DEFAULT_CPL_QUANTILES = (0.75, 0.95)  # [guess] ucf101, cifar10, cifar100, domainnet, officehome, others
+# STEP_QUANTILE (percent of the data added per GRIP iteration) from the same script: 20 for CUB, else 10.
+CPL_STEP_QUANTILE: dict[str, int] = {"cub": 20}
+DEFAULT_STEP_QUANTILE = 10
+
+
+def cpl_quantiles(dataset: str) -> tuple[float, float]:
+    """(alpha, beta) of CPL's candidate rules for a dataset name; (0.75, 0.95) where CPL gives none."""
+    return CPL_QUANTILES.get(dataset.lower(), DEFAULT_CPL_QUANTILES)
+
+
+def cpl_step_quantile(dataset: str) -> int:
+    """GRIP's STEP_QUANTILE (percent) for a dataset: 20 for CUB, 10 otherwise (run-textPT_ALL.sh)."""
+    return CPL_STEP_QUANTILE.get(dataset.lower(), DEFAULT_STEP_QUANTILE)
+
+
+def confidence_threshold(probs: Tensor, alpha_quantile: float) -> float:
+    """conf_thr: the alpha-quantile (linear interpolation) of the per-sample max-probs of (n, C) probs.
+
+    alpha = 0 means their mean, as in `get_partialY_byAutoThr` (`target_quantile == 0`).
+    """
+    top1 = probs.max(dim=1).values
+    if alpha_quantile == 0:
+        return float(top1.mean())
+    return float(torch.quantile(top1, alpha_quantile))
+
+
+def intra_instance(probs: Tensor, conf_thr: float) -> Tensor:
+    """(n, C) bool, `detect_candidate_bycum`: per row, sort p descending and keep every class whose
+    cumulative sum is <= conf_thr, plus the first one whose cumulative sum is > conf_thr (so top-1 always).
+
+    The sort is stable (equal p: lower class first); the reference's `torch.sort` does not promise that.
+    """
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    cum = torch.cumsum(sorted_p, dim=-1)
+    exceeds = cum > conf_thr
+    before = torch.cat([torch.zeros_like(exceeds[:, :1]), exceeds[:, :-1]], dim=1)
+    keep = (cum <= conf_thr) | (exceeds & ~before)
+    keep[:, 0] |= exceeds[:, 0]  # the reference's first_elem_mask term (already implied by the line above)
+    return torch.zeros_like(keep).scatter_(1, order, keep)
+
+
+def inter_instance(probs: Tensor, beta_quantile: float) -> Tensor:
+    """(n, C) bool, `detect_candidate_bycls_thr`: keep class c for x iff p_c(x) >= the beta-quantile
+    (torch.quantile, linear interpolation) of column c over the n samples; ties at the threshold are kept."""
+    thresholds = torch.quantile(probs, beta_quantile, dim=0)  # (C,)
+    return probs >= thresholds
+
+
+def _renormalised_support(mask: Tensor, probs: Tensor) -> Tensor:
+    """(n, C) bool: classes whose weight in p restricted to `mask` and renormalised per row is > 1e-7.
+
+    This is `get_partialY_byThr`'s normalisation followed by the reference's `> 1e-7` test; a row with no
+    mass (0 / 0 = NaN) is empty.
+    """
+    weights = mask.to(probs.dtype) * probs
+    return weights / weights.sum(dim=1, keepdim=True) > EPS
+
+
+def candidate_sets(probs: Tensor, alpha_quantile: float, beta_quantile: float) -> Tensor:
+    """(n, C) bool candidate set S(x) of each sample: intra-instance AND inter-instance (`gererate_partialY`).
+
+    conf_thr = `confidence_threshold(probs, alpha_quantile)` over all n samples of the client. Each rule's
+    mask is renormalised over p and thresholded at 1e-7 before the intersection, and the intersection is
+    renormalised and thresholded again (the selector reads `(PL_labels > 1e-7)`), so classes with negligible
+    probability drop out. Rows left empty mark the samples CPL drops.
+    """
+    intra = _renormalised_support(intra_instance(probs, confidence_threshold(probs, alpha_quantile)), probs)
+    inter = _renormalised_support(inter_instance(probs, beta_quantile), probs)
+    return _renormalised_support(intra & inter, probs)  # as the reference; implied by the intra step
+
+
+def soft_candidates(probs: Tensor, candidates: Tensor) -> Tensor:
+    """(n, C) float: p renormalised within each candidate set; GRIP trains on these at its first iteration
+    (`PL_labels[selected_idxs]`), hard sets afterwards. An empty row gives zeros."""
+    weights = candidates.to(probs.dtype) * probs
+    return torch.nan_to_num(weights / weights.sum(dim=1, keepdim=True), nan=0.0)
+
+
+def grip_per_class(n_samples: int, num_classes: int, iteration: int, step_quantile: int = DEFAULT_STEP_QUANTILE) -> int:
+    """K_max at GRIP iteration `iteration` (0-based; `grip_train`): int((t + 1) * int(n / (100 // step)) / C),
+    or floor(n / C) if that would take more than all n samples."""
+    num_iter = int(100 / step_quantile)
+    per_iter = int(n_samples / num_iter)
+    k = int((iteration + 1) * per_iter / num_classes)
+    return k if k * num_classes <= n_samples else n_samples // num_classes
+
+
+def cpl_pool_caps(previous_counts: Tensor, k_max: int) -> Tensor:
+    """(C,) int64 pool capacities of a selection after one that filled `previous_counts` (C,) per class.
+
+    `select_topk_for_eachcls` step 2: every pool grows by the same increment k_max - max(previous), capped at
+    k_max; so a class that filled fewer samples last time gets a smaller pool. All-zero previous counts (the
+    first selection) give k_max everywhere.
+    """
+    increment = k_max - int(previous_counts.max()) if previous_counts.numel() else k_max
+    if increment < 0:
+        raise ValueError(f"k_max {k_max} is below a previous pool fill {int(previous_counts.max())}")
+    return torch.clamp(previous_counts.long() + increment, max=k_max)
+
+
+def cpl_assign(probs: Tensor, candidates: Tensor, per_class: int | Tensor = 16) -> Tensor:
+    """(n,) int64: the class pool each sample ends in, -1 if none (`InstanceSelector._fill_pools`).
+
+    Every pool c holds at most per_class (or per_class[c]) samples ranked by uncertainty 1 - p_c (float32).
+    In rounds, every sample outside the pools proposes to its next candidate class, in descending p order
+    (equal p: lower class first). Per round, pools take their proposers in ascending index. A pool with room
+    accepts; a full pool replaces its most uncertain member (the first slot among equals) only if the
+    newcomer is strictly less uncertain, and the evicted sample proposes its next candidate next round.
+    A sample that has proposed to all its candidates and is outside the pools is dropped; so are samples
+    with an empty set. Candidates with p < 1e-7 are never accepted (the reference gives them infinite
+    uncertainty). This is the deferred-acceptance matching of samples to class pools.
+    """
+    n, num_classes = probs.shape
+    caps = torch.as_tensor(per_class, dtype=torch.long).expand(num_classes)
+    p32 = probs.detach().float()
+    uncs = (1 - p32).tolist()
+    order = torch.argsort(p32, dim=1, descending=True, stable=True)
+    usable = (candidates.bool() & (p32 >= EPS)).gather(1, order)
+    prefs = [[c for c, ok in zip(row, oks) if ok] for row, oks in zip(order.tolist(), usable.tolist())]
+
+    heaps: list[list[tuple[float, int, int]]] = [[] for _ in range(num_classes)]  # (-unc, slot, index)
+    assigned = [-1] * n
+    next_choice = [0] * n
+    proposers = [i for i in range(n) if prefs[i]]
+    while proposers:
+        by_class: dict[int, list[int]] = {}
+        for i in proposers:  # ascending index
+            by_class.setdefault(prefs[i][next_choice[i]], []).append(i)
+            next_choice[i] += 1
+        for c in sorted(by_class):
+            heap, cap = heaps[c], int(caps[c])
+            for i in by_class[c]:
+                unc = uncs[i][c]
+                if len(heap) < cap:
+                    heapq.heappush(heap, (-unc, len(heap), i))
+                    assigned[i] = c
+                elif cap > 0 and -heap[0][0] > unc:
+                    _, _, evicted = heapq.heapreplace(heap, (-unc, heap[0][1], i))
+                    assigned[evicted], assigned[i] = -1, c
+        proposers = [i for i in range(n) if assigned[i] < 0 and next_choice[i] < len(prefs[i])]
+    return torch.tensor(assigned, dtype=torch.long)
+
+
+def cpl_select(probs: Tensor, candidates: Tensor, per_class: int | Tensor = 16) -> tuple[Tensor, Tensor, Tensor]:
+    """(indices, labels, candidates) of the samples CPL trains on (`select_topk_for_eachcls`).
+
+    probs (n, C), candidates (n, C) bool from `candidate_sets`, per_class an int or (C,) pool capacities.
+    Returns (m,) int64 indices ascending, (m,) int64 labels and their (m, C) bool candidate sets.
+    The label is the argmax of p within the candidate set (what the trainer would predict from S(x)); the
+    class whose pool the sample filled (`cpl_assign`) is a lower candidate when the sample was displaced
+    from the pools of its better candidates. The loss only reads the candidate set.
+    """
+    indices = torch.nonzero(cpl_assign(probs, candidates, per_class) >= 0).flatten()
+    chosen = candidates[indices].bool()
+    masked = torch.where(chosen, probs[indices], torch.full_like(probs[indices], -1.0))
+    return indices, masked.argmax(dim=1), chosen
+
+
+def cc_loss(logits: Tensor, candidates: Tensor) -> Tensor:
+    """Scalar 'cc' loss: mean over the batch of -log sum_{c in S(x)} softmax(logits)_c (`forward_cc`).
+
+    logits (B, C); candidates (B, C) bool, or float weights y (then -log sum_c y_c p_c, the reference's
+    formula with soft targets). Computed as logsumexp(z) - logsumexp(z + log y). A row with an empty set
+    gives +inf, as in the reference (which never trains on one).
+    """
+    log_weights = torch.log(candidates.to(logits.dtype))
+    return (torch.logsumexp(logits, dim=1) - torch.logsumexp(logits + log_weights, dim=1)).mean()
+
+
+class CPL(Labeller):
+    """CPL per client: candidate sets at the dataset's (alpha, beta) (or `labels.cpl_quantiles`), at most
+    `labels.cpl_per_class` samples per class pool, trained with the 'cc' loss on the candidate sets.
+
+    The Selection's mask is the candidate set and its labels the argmax within it. Class weights and
+    negative pseudo-labels do not apply to the cc loss and are ignored.
+    """
+
+    name = "cpl"
+
+    def __init__(self, cfg: LabelsConfig, dataset: str | None = None) -> None:
+        super().__init__(cfg, dataset)
+        self.alpha, self.beta = cfg.cpl_quantiles if cfg.cpl_quantiles is not None else cpl_quantiles(dataset or "")
+
+    def describe(self) -> str:
+        return f"{self.name} (alpha {self.alpha}, beta {self.beta}, {self.cfg.cpl_per_class} per class, cc loss)"
+
+    def select(self, probs: Tensor, quotas: Tensor | None = None) -> Selection:
+        candidates = candidate_sets(probs.float(), self.alpha, self.beta)
+        return Selection(*cpl_select(probs.float(), candidates, self.cfg.cpl_per_class))
+
+    def choose(self, probs: Tensor, quotas: Tensor | None) -> tuple[Tensor, Tensor]:
+        selection = self.select(probs, quotas)
+        return selection.indices, selection.labels
+
+    def loss(
+        self, logits: Tensor, labels: Tensor, mask: Tensor, class_weights: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        loss = cc_loss(logits.float(), mask)
+        return loss, loss.detach(), torch.zeros((), device=logits.device)

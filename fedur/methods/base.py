@@ -1,0 +1,74 @@
+"""What a federated method is, as the round loop asks it.
+
+A method differs from FedUR in a few named places, and only there:
+
+- `prompts`: the prompt slots each client holds ("visual", "text_ctx", "text_local");
+- `shared`: which of them the server averages (the others stay personal);
+- `text_side` / `logits`: how a client's logits are formed from an image batch;
+- `penalty`: an extra term of the local loss (e.g. FedProx's proximal term);
+- `after_refresh`: per-client state built at each pseudo-label refresh, kept in `client.extra` (checkpointed
+  with the client);
+- `default_labeller`: the pseudo-labeller it is paired with unless `method.labeller` says otherwise.
+
+The loop, collectives, checkpoints, resume, metrics and placement are the same for every method.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from torch import Tensor
+
+from fedur.config import MethodConfig
+
+if TYPE_CHECKING:
+    from fedur.model.classifier import PromptedCLIP
+    from fedur.train.client import ClientState
+    from fedur.train.rank import Rank
+
+SHARE = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text_ctx"), "none": ()}
+
+
+class Method:
+    name = "base"
+    prompts: tuple[str, ...] = ("visual", "text_ctx")
+    shared: tuple[str, ...] = ("visual",)
+    default_labeller = "codpl"
+    trains = True  # False: zero-shot CLIP, no rounds
+
+    def __init__(self, cfg: MethodConfig) -> None:
+        self.cfg = cfg
+        if cfg.share != "auto":
+            wanted = SHARE[cfg.share]
+            missing = [name for name in wanted if name not in self.prompts]
+            if missing:
+                raise ValueError(
+                    f"method.share={cfg.share} averages {', '.join(missing)}, which method.name={self.name} does not "
+                    f"have (its prompts: {', '.join(self.prompts) or 'none'}); use method.share=auto"
+                )
+            self.shared = wanted
+
+    @property
+    def local_text(self) -> bool:
+        """Whether the model needs a second (local) text context."""
+        return "text_local" in self.prompts
+
+    def text_side(self, model: "PromptedCLIP") -> Tensor:
+        """What the logits need from the text tower, computed once per pass (and every training step)."""
+        return model.text_features()
+
+    def logits(self, model: "PromptedCLIP", images: Tensor, text: Tensor, client: "ClientState") -> Tensor:
+        """(B, C) logits of the client's model, the client's prompts loaded into `model`."""
+        return model.logits(model.image_features(images), text)
+
+    def classifier(self, model: "PromptedCLIP", client: "ClientState") -> Callable[[Tensor], Tensor]:
+        """images -> logits with the text side computed once (pseudo-labelling, evaluation)."""
+        text = self.text_side(model)
+        return lambda images: self.logits(model, images, text, client)
+
+    def penalty(self, model: "PromptedCLIP", start: dict[str, Tensor]) -> Tensor | None:
+        """An extra local loss term; `start`: the prompts the client began the round with."""
+        return None
+
+    def after_refresh(self, rank: "Rank", client: "ClientState") -> None:
+        """Build per-client state from the client's new pseudo-labels (in `client.extra`)."""

@@ -1,0 +1,91 @@
+"""Every method and every pseudo-labeller on the one round loop: each runs two rounds on 2 ranks under
+`fabric run` with the same results as on 1 rank, and does what makes it that method. (FedUR and FedCoPL
+are checked the same way on the demo in tests/test_learning.py.)"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import assert_same_results, free_port, read_rounds, run_ok
+
+# Each method once, and each labeller at least once beside a method that is not its own.
+CASES = {
+    "promptfl-fpl": ["--method.name", "promptfl"],
+    "promptprox-cpl": ["--method.name", "promptprox", "--method.labeller", "cpl"],
+    "pfedprompt-copl": ["--method.name", "pfedprompt", "--method.labeller", "copl"],
+    "fedotp-codpl": ["--method.name", "fedotp", "--method.labeller", "codpl"],
+    "zeroshot": ["--method.name", "zeroshot"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("methods")
+    common = ["--config", "tests/tiny.yaml", "--federation.rounds", "2", "--run.progress", "false"]
+    argv = {(name, ranks): [*common, *extra, "--run.output_dir", str(root / f"{name}-{ranks}")]
+            for name, extra in CASES.items() for ranks in (1, 2)}
+    one = [json.dumps(a) for (name, ranks), a in argv.items() if ranks == 1]
+    two = [json.dumps(a) for (name, ranks), a in argv.items() if ranks == 2]
+    fabric = str(Path(sys.executable).parent / "fabric")
+    run_ok([sys.executable, "tests/run_many.py", *one], timeout=600)
+    run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
+            "tests/run_many.py", *two], timeout=600)
+    return root
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_two_ranks_equal_one(runs, name):
+    one, two = runs / f"{name}-1", runs / f"{name}-2"
+    assert json.loads((two / "summary.json").read_text())["world_size"] == 2
+    if name == "zeroshot":
+        for key in ("zero_shot_client_accuracy", "zero_shot_global", "final_client_accuracy"):
+            assert json.loads((one / "summary.json").read_text())[key] == json.loads((two / "summary.json").read_text())[key]
+    else:
+        assert_same_results(one, two, num_clients=4)
+
+
+def client_prompts(run_dir: Path) -> list[dict]:
+    return [torch.load(run_dir / "prompts" / f"client_{k:03d}.pt", weights_only=True) for k in range(4)]
+
+
+def test_promptfl_shares_one_text_prompt_and_no_visual_prompt(runs):
+    clients = client_prompts(runs / "promptfl-fpl-2")
+    assert all(set(c) == {"client_id", "text_ctx"} for c in clients)
+    assert all(torch.equal(c["text_ctx"], clients[0]["text_ctx"]) for c in clients)
+    row = read_rounds(runs / "promptfl-fpl-2")[0]
+    assert set(row["prompt_divergence"]) == {"text_ctx"}
+    per_class = [n for client in row["selection"] for n in client]  # (K, C) selected at the refresh
+    assert max(per_class) == 16  # FPL: the 16 most confident per class and client, fewer where fewer are predicted
+
+
+def test_cpl_trains_on_candidate_sets(runs):
+    summary = json.loads((runs / "promptprox-cpl-2" / "summary.json").read_text())
+    assert summary["method"] == "promptprox" and summary["labeller"] == "cpl"
+    state = torch.load(next((runs / "promptprox-cpl-2" / "checkpoints").glob("round_*/client_000.pt")), weights_only=True)
+    mask, labels = state["pseudo_labels"]["mask"], state["pseudo_labels"]["labels"]
+    assert bool(mask[torch.arange(len(labels)), labels].all())  # the label is in its candidate set
+
+
+def test_pfedprompt_keeps_a_cache_of_its_pseudo_labelled_features(runs):
+    state = torch.load(next((runs / "pfedprompt-copl-2" / "checkpoints").glob("round_*/client_001.pt")), weights_only=True)
+    keys, labels = state["extra"]["cache_keys"], state["extra"]["cache_labels"]
+    assert len(keys) == len(labels) == len(state["pseudo_labels"]["indices"]) > 0
+    assert torch.allclose(keys.norm(dim=-1), torch.ones(len(keys)), atol=1e-5)
+    assert torch.equal(labels, state["pseudo_labels"]["labels"])
+
+
+def test_fedotp_shares_its_global_prompt_and_keeps_the_local_one(runs):
+    clients = client_prompts(runs / "fedotp-codpl-2")
+    assert all(torch.equal(c["text_ctx"], clients[0]["text_ctx"]) for c in clients)
+    assert not torch.equal(clients[0]["text_local"], clients[1]["text_local"])
+    global_prompts = torch.load(runs / "fedotp-codpl-2" / "prompts" / "global.pt", weights_only=True)
+    assert set(global_prompts) == {"text_ctx"}
+
+
+def test_zero_shot_reports_the_frozen_model(runs):
+    summary = json.loads((runs / "zeroshot-2" / "summary.json").read_text())
+    assert summary["final_client_accuracy"] == summary["zero_shot_client_accuracy"]
+    assert summary["rounds_completed"] == 0 and not (runs / "zeroshot-2" / "metrics.jsonl").exists()
