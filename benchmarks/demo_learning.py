@@ -35,7 +35,8 @@ def run(variant: str, seed: int, args: argparse.Namespace) -> dict:
         return json.loads((out / "summary.json").read_text())
     cmd = [
         sys.executable, str(REPO / "fedur" / "main.py"), "--config", str(args.config),
-        "--run.seed", str(seed), "--run.output_dir", str(out), "--run.progress", "false", *VARIANTS[variant],
+        "--run.seed", str(seed), "--federation.partition_seed", str(seed),  # a demo of its own per seed
+        "--run.output_dir", str(out), "--run.progress", "false", *VARIANTS[variant],
     ]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})

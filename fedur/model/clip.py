@@ -276,11 +276,20 @@ def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor)
     return x  # (n, embed_dim)
 
 
-def encode_image_prompted(visual: nn.Module, images: Tensor, prompts: Tensor | None) -> Tensor:
+def encode_image_prompted(
+    visual: nn.Module, images: Tensor, prompts: Tensor | None, *, return_tokens: bool = False
+) -> Tensor:
     """`VisionTransformer.forward` with deep visual prompts (VPT-deep), unnormalised features.
 
-    prompts: (depth, n_tok, width). Block i < depth sees its own n_tok tokens appended after the CLS
-    and patch tokens; their outputs are dropped before the next block, so each block gets fresh ones.
+    prompts: (depth, n_tok, width), or None for plain CLIP. Block i < depth sees its own n_tok tokens
+    appended after the CLS and patch tokens; their outputs are dropped before the next block, so each
+    block gets fresh ones.
+
+    Returns the pooled feature (B, embed_dim), or with `return_tokens=True` every output token
+    (B, 1 + patches, embed_dim): CLS first, then the patch tokens (prompt tokens excluded), each after
+    `ln_post` and the projection, not normalised. When the model pools by its CLS token (open_clip's
+    default), token 0 is the pooled feature. Models with an attentional pooler have no per-token
+    projection and are refused.
     """
     x = visual._embeds(images)  # (B, 1 + patches, width)
     depth = 0 if prompts is None else prompts.shape[0]
@@ -299,6 +308,14 @@ def encode_image_prompted(visual: nn.Module, images: Tensor, prompts: Tensor | N
             x = block(x)
     if not transformer.batch_first:
         x = x.transpose(0, 1)
+    if return_tokens:
+        if getattr(visual, "attn_pool", None) is not None:
+            raise ValueError(
+                f"return_tokens needs a ViT whose tokens go through ln_post and proj one by one; "
+                f"{type(visual).__name__} has an attentional pooler"
+            )
+        x = visual.ln_post(x)  # (B, 1 + patches, width)
+        return x @ visual.proj if visual.proj is not None else x  # (B, 1 + patches, embed_dim)
     pooled, _ = visual._pool(x)
     if visual.proj is not None:
         pooled = pooled @ visual.proj
