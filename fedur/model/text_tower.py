@@ -1,0 +1,214 @@
+"""The text tower with the class-independent prompt prefix computed once.
+
+A CoOp prompt is `[SOS] X_1..X_n <class name> . [EOT]`: its first `1 + n_ctx` tokens are the same for
+every class. Under the text transformer's causal mask a token only sees the tokens before it, so the
+activations of those shared tokens are the same for every class in every layer. `clip.py`'s
+`encode_text_embeddings` still computes them C times; `encode_text_shared_prefix` computes them once,
+as one sequence of length `n_shared`, and runs each class only on its own tokens (class name, '.',
+EOT), which attend to the shared prefix's keys and values plus their own earlier tokens. This is the
+same computation, reordered: the output equals `encode_text_embeddings` up to floating-point
+rounding, and so do the gradients. The token-wise layers (LNs, QKV and output projections, MLP) see
+the classes' own tokens packed, without the padding up to the longest class name; only attention
+pads them.
+
+For C classes with prompts of length L (the longest), a layer's token-wise work (~24 W^2 FLOPs per
+token forward) drops from C*L tokens to n_shared + (the classes' own tokens up to their EOT); with
+n_ctx=16 and CIFAR-like class names (L ~ 20-26) that is 4-5x fewer tokens. On ViT-B/32's text tower
+(CPU, fp32, one thread) the forward + backward per optimizer step is x3.2 / x5.1 / x5+ cheaper at
+10 / 100 / 200 classes (benchmarks/round_cost.py, docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from open_clip.transformer import ResidualAttentionBlock
+from torch import Tensor, nn
+
+from fedur.model.clip import encode_text_embeddings
+
+log = logging.getLogger(__name__)
+
+_CAUSAL_CHECKED: "weakref.WeakKeyDictionary[nn.Module, set[tuple[int, int]]]" = weakref.WeakKeyDictionary()
+_WARNED: set[str] = set()
+
+
+def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens: Tensor, n_shared: int) -> Tensor:
+    """`encode_text_embeddings(clip_model, embeddings, tokens)` with the first `n_shared` positions
+    computed once for all classes: (C, embed_dim), unnormalised.
+
+    embeddings: (C, L, width) token embeddings whose rows `[:, :n_shared]` are the same for every
+    class (SOS and the shared context; only row 0's are read, so gradients w.r.t. the shared rows
+    land on `embeddings[0, :n_shared]`: their sum over classes, which is what a context expanded to
+    every class receives, is the same as on the plain path). tokens: (C, L) ids, used only to find
+    the pooled position, as in `encode_text_embeddings`.
+
+    Each class runs only its own tokens up to its pooled (EOT) position: the token-wise work (LNs,
+    QKV and output projections, MLP) runs on those tokens packed, without padding; only attention
+    sees them padded to the longest class. Nothing after a class's pooled position can reach it under
+    the causal mask, so the padding never matters. The packing is worked out from `tokens` on the
+    host once per tokens tensor (one device-to-host copy on an accelerator, then cached).
+
+    Falls back to `encode_text_embeddings` (with a one-time warning) where the trick does not apply:
+    n_shared outside [1, L), no causal attention mask, or blocks other than open_clip's default
+    `ResidualAttentionBlock`.
+    """
+    n_cls, length, _ = embeddings.shape
+    reason = _unsupported(clip_model, n_shared, length)
+    if reason is not None:
+        if reason not in _WARNED:
+            _WARNED.add(reason)
+            log.warning("shared-prefix text tower not used (%s); computing every class in full", reason)
+        return encode_text_embeddings(clip_model, embeddings, tokens)
+
+    layout = _layout(clip_model, tokens, n_shared, embeddings.device)
+    cast_dtype = clip_model.transformer.get_cast_dtype()
+    pos = clip_model.positional_embedding[:length].to(cast_dtype)
+    shared = embeddings[0, :n_shared].to(cast_dtype) + pos[:n_shared]  # (S, width)
+    own = (embeddings[:, n_shared:].to(cast_dtype) + pos[n_shared:]).reshape(n_cls * layout.n_own, -1)  # (C*T, width)
+    if layout.packed is not None:
+        own = own.index_select(0, layout.packed)  # (N, width): only the positions up to each class's EOT
+    z = torch.cat([shared, own], dim=0)  # (S + N, width): the prefix, then every class's own tokens
+
+    mask = clip_model.attn_mask
+    mask_shared = mask[:n_shared, :n_shared]  # (S, S): the prefix's own causal attention
+    mask_own = mask[n_shared:length, :length]  # (T, S + T): own tokens see the prefix and earlier own tokens
+    for block in clip_model.transformer.resblocks:
+        z = _block(block, z, layout, mask_shared, mask_own)
+
+    pooled = z.index_select(0, layout.pooled)  # (C, width): each class's EOT row (or a prefix row)
+    x = clip_model.ln_final(pooled)  # per-token LayerNorm: pooling first gives the same vectors
+    proj = clip_model.text_projection
+    if proj is not None:
+        x = proj(x) if isinstance(proj, nn.Linear) else x @ proj
+    return x  # (C, embed_dim)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each class's tokens sit in the flat (S + N, width) token matrix."""
+
+    n_shared: int  # S
+    n_cls: int  # C
+    n_own: int  # T = L - S: own positions per class, padded
+    packed: Tensor | None  # (N,) rows of the padded (C*T) own tokens that are kept; None: all are
+    pooled: Tensor  # (C,) each class's pooled row in the flat matrix
+
+
+_LAYOUTS: dict[tuple, tuple[weakref.ref, int, _Layout]] = {}
+
+
+def _layout(clip_model: nn.Module, tokens: Tensor, n_shared: int, device: torch.device) -> _Layout:
+    key = (id(tokens), n_shared, str(device))
+    hit = _LAYOUTS.get(key)
+    if hit is not None and hit[0]() is tokens and hit[1] == tokens._version:
+        return hit[2]
+    layout = _make_layout(_pool_index(clip_model, tokens.detach().cpu()), tokens.shape[1], n_shared, device)
+    if len(_LAYOUTS) > 64:  # drop entries of tensors that are gone
+        for k in [k for k, v in _LAYOUTS.items() if v[0]() is None]:
+            del _LAYOUTS[k]
+    _LAYOUTS[key] = (weakref.ref(tokens), tokens._version, layout)
+    return layout
+
+
+def _pool_index(clip_model: nn.Module, tokens: Tensor) -> Tensor:
+    """open_clip's `text_global_pool` position of every class: (C,)."""
+    pool_type = clip_model.text_pool_type
+    n_cls, length = tokens.shape
+    if pool_type == "argmax":
+        return tokens.argmax(dim=-1)
+    if pool_type == "eos":
+        return (tokens == clip_model.text_eos_id).int().argmax(dim=-1)
+    if pool_type == "first":
+        return torch.zeros(n_cls, dtype=torch.long)
+    if pool_type == "last":
+        return torch.full((n_cls,), length - 1, dtype=torch.long)
+    raise ValueError(f"text_pool_type={pool_type!r}")  # rejected earlier by _unsupported
+
+
+def _make_layout(index: Tensor, length: int, n_shared: int, device: torch.device) -> _Layout:
+    n_cls, n_own = index.shape[0], length - n_shared
+    keep = torch.arange(n_own).unsqueeze(0) <= (index - n_shared).unsqueeze(1)  # (C, T): up to the EOT
+    flat = keep.flatten().nonzero().squeeze(1)  # (N,)
+    packed_row = torch.full((n_cls * n_own,), -1, dtype=torch.long)
+    packed_row[flat] = torch.arange(flat.numel())
+    own_row = packed_row.view(n_cls, n_own)[torch.arange(n_cls), (index - n_shared).clamp(min=0)]
+    pooled = torch.where(index >= n_shared, n_shared + own_row, index.clamp(max=n_shared - 1))
+    packed = None if flat.numel() == n_cls * n_own else flat.to(device)
+    return _Layout(n_shared, n_cls, n_own, packed, pooled.to(device))
+
+
+def _block(block: ResidualAttentionBlock, z: Tensor, layout: _Layout, mask_shared: Tensor, mask_own: Tensor) -> Tensor:
+    """One `ResidualAttentionBlock` on the flat (S + N, width) tokens: the token-wise parts (LNs,
+    projections, MLP) run on the flat matrix; attention is split into the prefix's own (causal) and the
+    classes' (to the prefix's keys, and causally to their own)."""
+    attn: nn.MultiheadAttention = block.attn
+    heads = attn.num_heads
+    width = z.shape[-1]
+    head_dim = width // heads
+    n_shared, n_cls, n_own = layout.n_shared, layout.n_cls, layout.n_own
+    qkv = F.linear(block.ln_1(z), attn.in_proj_weight, attn.in_proj_bias)  # (S + N, 3 width)
+    qkv_s, qkv_c = qkv.split([n_shared, qkv.shape[0] - n_shared])
+    # The prefix: one causal sequence.
+    q_s, k_s, v_s = qkv_s.view(n_shared, 3, heads, head_dim).permute(1, 2, 0, 3).unbind(0)  # (H, S, hd) each
+    out_s = F.scaled_dot_product_attention(q_s, k_s, v_s, attn_mask=_float_mask(mask_shared, q_s.dtype))
+    out_s = out_s.transpose(0, 1).reshape(n_shared, width)
+    # The classes, padded to (C, T) for attention only.
+    if layout.packed is not None:
+        qkv_c = qkv_c.new_zeros(n_cls * n_own, 3 * width).index_copy(0, layout.packed, qkv_c)
+    q, k, v = qkv_c.view(n_cls, n_own, 3, heads, head_dim).permute(2, 3, 0, 1, 4).unbind(0)  # (H, C, T, hd) each
+    q = q * head_dim**-0.5
+    to_shared = torch.bmm(q.reshape(heads, n_cls * n_own, head_dim), k_s.transpose(1, 2))  # (H, C*T, S)
+    to_own = torch.matmul(q, k.transpose(-1, -2))  # (H, C, T, T)
+    scores = torch.cat([to_shared.view(heads, n_cls, n_own, n_shared), to_own], dim=-1)  # (H, C, T, S + T)
+    probs = (scores + _float_mask(mask_own, scores.dtype)).softmax(dim=-1)
+    p_shared, p_own = probs.split([n_shared, n_own], dim=-1)
+    out_c = torch.bmm(p_shared.reshape(heads, n_cls * n_own, n_shared).to(v_s.dtype), v_s).view(heads, n_cls, n_own, head_dim)
+    out_c = out_c + torch.matmul(p_own.to(v.dtype), v)  # (H, C, T, hd)
+    out_c = out_c.permute(1, 2, 0, 3).reshape(n_cls * n_own, width)
+    if layout.packed is not None:
+        out_c = out_c.index_select(0, layout.packed)  # (N, width)
+    z = z + block.ls_1(attn.out_proj(torch.cat([out_s, out_c], dim=0)))
+    return z + block.ls_2(block.mlp(block.ln_2(z)))
+
+
+def _float_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    if mask.dtype == torch.bool:  # True: not allowed to attend (nn.MultiheadAttention's convention)
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+    return mask.to(dtype)
+
+
+def _unsupported(clip_model: nn.Module, n_shared: int, length: int) -> str | None:
+    """Why the shared-prefix path cannot run on this model and prompt length, or None."""
+    if not 1 <= n_shared < length:
+        return f"n_shared={n_shared} is not in [1, {length})"
+    if getattr(clip_model, "text_pool_type", None) not in ("argmax", "eos", "first", "last"):
+        return f"text_pool_type={getattr(clip_model, 'text_pool_type', None)!r}"
+    blocks = clip_model.transformer.resblocks
+    if not all(type(b) is ResidualAttentionBlock and not hasattr(b, "ln_1_kv") for b in blocks):
+        return f"text blocks of type {type(blocks[0]).__name__}"
+    if any(b.attn.in_proj_weight is None or b.attn.dropout > 0 and b.attn.training for b in blocks):
+        return "attention with separate q/k/v weights or active dropout"
+    mask = getattr(clip_model, "attn_mask", None)
+    if mask is None:
+        return "the text tower has no attention mask (not causal)"
+    if not _prefix_is_causal(clip_model, mask, n_shared, length):
+        return "the text attention mask lets the shared prefix see later tokens"
+    return None
+
+
+def _prefix_is_causal(clip_model: nn.Module, mask: Tensor, n_shared: int, length: int) -> bool:
+    """The shared positions cannot attend to any later one (checked once per model, prefix and length:
+    the check reads the mask on the host)."""
+    checked = _CAUSAL_CHECKED.setdefault(clip_model, set())
+    if (n_shared, length) in checked:
+        return True
+    block = mask[:n_shared, n_shared:length]
+    ok = bool(block.all()) if mask.dtype == torch.bool else bool(torch.isneginf(block).all())
+    if ok:
+        checked.add((n_shared, length))
+    return ok

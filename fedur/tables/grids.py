@@ -1,0 +1,242 @@
+"""The named grids of `fedur-tables`: rows (methods) x columns (dataset, setting) x seeds, as data.
+
+A row is a method with its pseudo-labeller (fedur's `--method.*` / `--labels.*` flags); a column is one
+config file (plus flags) and the paper cell it reproduces. Every run of a grid is
+`python -m fedur.main --config <column config> <column flags> <grid flags> <row flags> <extra> --run.seed k`.
+Change a grid here and nowhere else; `tests/test_tables.py` checks that every config file exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Value a cell shows, from summary.json: a trained method's final mean accuracy over clients, or the
+# zero-shot CLIP accuracy on the whole test set (the paper's zero-shot protocol).
+FINAL = "final_mean_accuracy"
+ZERO_SHOT = "zero_shot_global"
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str  # folder name and the paper.py row key
+    labels: tuple[str, ...]  # the leading cells of the row in the printed table (Method, PL, ...)
+    flags: tuple[str, ...]  # fedur flags of this row
+    value: str = FINAL  # the summary.json key the cell shows
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str  # folder name
+    label: str  # column header
+    section: str  # columns with the same section form one printed table (the paper's beta = 0.1 half, ...)
+    config: str  # relative to the repository root
+    dataset: str  # paper.py dataset key; also the folder of --data-root DIR/<dataset>
+    setting: str  # paper.py setting key
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    title: str
+    rows: tuple[Row, ...]
+    columns: tuple[Column, ...]
+    label_headers: tuple[str, ...]  # headers of Row.labels
+    paper_tables: tuple[str, ...] = ()  # paper.py tables to look a cell up in, first hit wins
+    paper_note: str = ""  # how the paper's numbers relate to these runs (e.g. a proxy)
+    average: bool = False  # print an Average column per section (with the paper's own average)
+    flags: tuple[str, ...] = ()  # fedur flags of every run
+    uses_data_root: bool = True  # the runs read --data-root (not for generated data)
+    uses_model_dir: bool = False  # the runs read the tiny-clip folder (--model-dir)
+    notes: tuple[str, ...] = field(default_factory=tuple)  # printed under the table
+
+
+def method_row(method: str, labeller: str | None, labels: tuple[str, str]) -> Row:
+    flags = ("--method.name", method) + (("--method.labeller", labeller) if labeller else ())
+    return Row(key=f"{method}+{labeller}" if labeller else method, labels=labels, flags=flags)
+
+
+ZERO_SHOT_ROW = Row("zeroshot", ("CLIP (zero-shot)", "-"), ("--method.name", "zeroshot"), value=ZERO_SHOT)
+BASELINES = ("promptfl", "promptprox", "pfedprompt", "fedotp")
+BASELINE_LABELS = {"promptfl": "PromptFL", "promptprox": "PromptProx", "pfedprompt": "pFedPrompt", "fedotp": "FedOTP"}
+LABELLER_LABELS = {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
+
+# Table 1 and 2's rows, in the paper's order.
+PAPER_ROWS = (
+    ZERO_SHOT_ROW,
+    *(method_row(m, pl, (BASELINE_LABELS[m], LABELLER_LABELS[pl])) for m in BASELINES for pl in ("fpl", "cpl")),
+    method_row("fedcopl", None, ("FedCoPL", "CoPL")),
+    method_row("fedur", None, ("FedUR", "CoDPL")),
+)
+
+# Table 7 (the FL baselines with each labeller). The paper prints 8 of these 16 rows: each baseline with
+# its better labeller of Table 1 and with CoDPL; FPL and CPL rows take their numbers from Table 1.
+LABELLER_ROWS = tuple(
+    method_row(m, pl, (BASELINE_LABELS[m], LABELLER_LABELS[pl])) for m in BASELINES for pl in ("fpl", "cpl", "copl", "codpl")
+)
+
+# Table 6: (key, data selection, confidence filter, entropy filter, class weights, negatives), as the
+# paper's check marks print them. Rows 1-4 keep Weighted and Negative on (the paper's ticks); row 5,
+# with neither, is FedCoPL.
+ABLATION = (
+    ("no-selection", False, False, False, True, True),
+    ("selection", True, False, False, True, True),
+    ("sel+entropy", True, False, True, True, True),
+    ("sel+confidence", True, True, False, True, True),
+    ("fedcopl", True, True, True, False, False),
+    ("fedcopl+neg", True, True, True, False, True),
+    ("fedcopl+weight", True, True, True, True, False),
+    ("fedur", True, True, True, True, True),
+)
+
+
+def ablation_row(key: str, selection: bool, confidence: bool, entropy: bool, weighted: bool, negative: bool) -> Row:
+    tick = {True: "✓", False: "–"}
+    flags = (
+        "--method.name", "fedur",
+        "--labels.cooperative_selection", str(selection).lower(),
+        "--labels.confidence_filter", str(confidence).lower(),
+        "--labels.entropy_filter", str(entropy).lower(),
+        "--labels.class_weights", "inv" if weighted else "none",
+        "--labels.negatives", "mass" if negative else "none",
+    )
+    return Row(key, tuple(tick[v] for v in (selection, confidence, entropy, weighted, negative)), flags)
+
+
+DATASET_LABELS = {"dtd": "DTD", "resisc45": "RESISC45", "cub": "CUB", "ucf101": "UCF101", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
+TABLE1_DATASETS = ("dtd", "resisc45", "cub", "ucf101", "cifar10", "cifar100")
+
+
+def dirichlet_column(dataset: str, beta: str) -> Column:
+    return Column(f"{dataset}-beta{beta}", DATASET_LABELS[dataset], f"Dirichlet β = {beta}",
+                  f"configs/paper/table1/{dataset}-beta{beta}.yaml", dataset, f"beta{beta}")
+
+
+def quantity_column(dataset: str) -> Column:
+    return Column(f"{dataset}-quantity", DATASET_LABELS[dataset], "quantity skew (20% of the classes per client)",
+                  f"configs/paper/table2/{dataset}-quantity.yaml", dataset, "quantity")
+
+
+# Figure 3: the paper sweeps the number of clients (top row) and the joining rate (bottom row) on
+# UCF101, RESISC45, CIFAR10 and CIFAR100 at beta 0.1, but prints no values. These are guesses: K in
+# {5, 10, 20, 50, 100} with every client joining, and join rates {0.1, 0.2, 0.5} with the paper's 10
+# clients (join rate 1.0 is the K = 10 column), on CIFAR10 only (add datasets to FIGURE3_DATASETS).
+FIGURE3_DATASETS = ("cifar10",)
+FIGURE3_CLIENTS = (5, 10, 20, 50, 100)
+FIGURE3_JOIN_RATES = (0.1, 0.2, 0.5)
+
+
+def figure3_columns(dataset: str) -> tuple[Column, ...]:
+    config = f"configs/paper/table1/{dataset}-beta0.1.yaml"
+    name = DATASET_LABELS[dataset]
+    clients = tuple(
+        Column(f"{dataset}-clients{k}", f"K={k}", f"{name}, number of clients (all join)", config, dataset,
+               f"clients{k}", ("--federation.num_clients", str(k), "--federation.join_rate", "1.0"))
+        for k in FIGURE3_CLIENTS
+    )
+    rates = tuple(
+        Column(f"{dataset}-join{r}", f"join {r}", f"{name}, joining rate (10 clients)", config, dataset,
+               f"join{r}", ("--federation.num_clients", "10", "--federation.join_rate", str(r)))
+        for r in FIGURE3_JOIN_RATES
+    )
+    return clients + rates
+
+
+PROXY_CONFIG = "configs/proxy/cifar10-tinyclip.yaml"
+PROXY_COLUMN = Column("cifar10-tinyclip", "CIFAR10 (tiny-clip proxy)", "CPU proxy: tiny-clip on CIFAR10 JPEGs, Dirichlet β = 0.1",
+                      PROXY_CONFIG, "cifar10", "beta0.1")
+PROXY_NOTE = ("proxy: the paper's number is ViT-B/32 CLIP on CIFAR10 beta 0.1 (full schedule); these runs use the "
+              "8M-parameter tiny-clip on a 5% sample for 10 short rounds. Compare orderings and gaps, not values.")
+
+TABLE1_NOTES = ("Table 1: ViT-B/32, Dirichlet label skew; 10 clients (5 for CUB and UCF101), 20 rounds x 10 local epochs.",)
+
+GRIDS: dict[str, Grid] = {
+    "table1": Grid(
+        "table1", "Table 1: Dirichlet label skew (ViT-B/32)", PAPER_ROWS,
+        tuple(dirichlet_column(d, b) for b in ("0.1", "0.05") for d in TABLE1_DATASETS),
+        ("Method", "PL"), paper_tables=("table1",), average=True, notes=TABLE1_NOTES,
+    ),
+    "table2": Grid(
+        "table2", "Table 2: quantity-based label skew (ViT-B/32)", PAPER_ROWS,
+        tuple(quantity_column(d) for d in TABLE1_DATASETS), ("Method", "PL"), paper_tables=("table2",), average=True,
+    ),
+    "table6": Grid(
+        "table6", "Table 6: ablation, Dirichlet β = 0.1", tuple(ablation_row(*a) for a in ABLATION),
+        tuple(dirichlet_column(d, "0.1") for d in TABLE1_DATASETS[:4]),
+        ("Data selection", "Confidence", "Entropy", "Weighted", "Negative"), paper_tables=("table6",),
+    ),
+    "table7": Grid(
+        "table7", "Table 7: FL baselines with each pseudo-labeller, Dirichlet β = 0.1", LABELLER_ROWS,
+        tuple(dirichlet_column(d, "0.1") for d in TABLE1_DATASETS[:5]), ("Method", "PL"),
+        paper_tables=("table7", "table1"),
+        notes=("The paper prints each baseline with its better labeller of Table 1 and with CoDPL; the other "
+               "FPL/CPL numbers come from Table 1, CoPL rows have none.",),
+    ),
+    "figure3": Grid(
+        "figure3", "Figure 3: number of clients and joining rate (Dirichlet β = 0.1)", PAPER_ROWS[1:],
+        tuple(c for d in FIGURE3_DATASETS for c in figure3_columns(d)), ("Method", "PL"),
+        notes=("The paper plots Figure 3 without printing values or its x-axis ticks: the swept values here "
+               "are guesses (fedur/tables/grids.py), and there are no paper numbers to compare with.",),
+    ),
+    "proxy-table1": Grid(
+        "proxy-table1", "Table 1 rows on the CPU proxy (tiny-clip, CIFAR10, β = 0.1)", PAPER_ROWS, (PROXY_COLUMN,),
+        ("Method", "PL"), paper_tables=("table1",), paper_note=PROXY_NOTE, uses_model_dir=True, notes=(PROXY_NOTE,),
+    ),
+    "proxy-table7": Grid(
+        "proxy-table7", "Table 7 rows on the CPU proxy (tiny-clip, CIFAR10, β = 0.1)", LABELLER_ROWS, (PROXY_COLUMN,),
+        ("Method", "PL"), paper_tables=("table7", "table1"), paper_note=PROXY_NOTE, uses_model_dir=True, notes=(PROXY_NOTE,),
+    ),
+    "tiny": Grid(
+        "tiny", "tiny: the mechanics tests' model and data (does not learn)",
+        (method_row("fedur", None, ("FedUR", "CoDPL")), method_row("fedcopl", None, ("FedCoPL", "CoPL"))),
+        (Column("tiny", "synthetic", "tests/tiny.yaml, 2 rounds", "tests/tiny.yaml", "synthetic", "tiny"),),
+        ("Method", "PL"), flags=("--federation.rounds", "2"), uses_data_root=False,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a grid: row x column x seed, and where it writes."""
+
+    index: int  # position in the grid's run list = its SLURM array task id
+    grid: Grid
+    row: Row
+    column: Column
+    seed: int
+    out: Path  # the tables' folder (--out)
+
+    @property
+    def cell_dir(self) -> Path:
+        return self.out / self.grid.name / self.column.key / self.row.key
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cell_dir / f"seed{self.seed}"
+
+    @property
+    def log(self) -> Path:
+        return self.cell_dir / f"seed{self.seed}.log"
+
+    @property
+    def name(self) -> str:
+        return f"{self.row.key} | {self.column.key} | seed {self.seed}"
+
+
+def expand(grid: Grid, seeds: list[int], out: Path, rows: list[str] | None = None,
+           columns: list[str] | None = None) -> list[RunSpec]:
+    """Every run of the grid, column-major (a column's rows and seeds together); `rows`/`columns` keep
+    only those keys. The index is the position in the unfiltered list, so it names the same run whatever
+    is filtered."""
+    specs = []
+    index = 0
+    for column in grid.columns:
+        for row in grid.rows:
+            for seed in seeds:
+                if (rows is None or row.key in rows) and (columns is None or column.key in columns):
+                    specs.append(RunSpec(index, grid, row, column, seed, out))
+                index += 1
+    return specs

@@ -1,0 +1,249 @@
+"""A grid's results as the paper prints them: Markdown and CSV, from the runs' summary.json files.
+
+Each cell: the mean over the seeds that finished and the sample standard deviation (n - 1; none for one
+seed), the worst client (min over clients of the final per-client accuracy) averaged over the seeds and
+its min over the seeds, the paper's number and the difference mean - paper. A zero-shot row shows
+`zero_shot_global` (CLIP on the whole test set, the paper's protocol); its per-client mean is in the CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedur.tables.grids import Column, Grid, Row, RunSpec
+from fedur.tables.paper import PAPER_AVERAGE, paper_value
+
+MISSING = "—"
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def stdev(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+@dataclass
+class Cell:
+    row: Row
+    column: Column
+    seeds: list[int]  # the seeds asked for
+    value: dict[int, float] = field(default_factory=dict)  # seed -> the cell's number
+    worst: dict[int, float] = field(default_factory=dict)  # seed -> min over clients of the final accuracy
+    client_mean: dict[int, float] = field(default_factory=dict)  # seed -> mean over clients (final)
+    zero_shot_global: dict[int, float] = field(default_factory=dict)
+    zero_shot_client_mean: dict[int, float] = field(default_factory=dict)
+    best_mean: dict[int, float] = field(default_factory=dict)
+    missing: list[RunSpec] = field(default_factory=list)
+    paper: float | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.value)
+
+    @property
+    def mean(self) -> float | None:
+        return mean(list(self.value.values()))
+
+    @property
+    def std(self) -> float | None:
+        return stdev(list(self.value.values()))
+
+    @property
+    def worst_mean(self) -> float | None:
+        return mean(list(self.worst.values()))
+
+    @property
+    def worst_min(self) -> float | None:
+        return min(self.worst.values()) if self.worst else None
+
+    @property
+    def diff(self) -> float | None:
+        return None if self.mean is None or self.paper is None else self.mean - self.paper
+
+
+def collect(grid: Grid, specs: list[RunSpec]) -> dict[tuple[str, str], Cell]:
+    """(row key, column key) -> Cell, read from the summary.json of every run in `specs`."""
+    cells: dict[tuple[str, str], Cell] = {}
+    for spec in specs:
+        key = (spec.row.key, spec.column.key)
+        if key not in cells:
+            paper = None
+            for table in grid.paper_tables:
+                paper = paper_value(table, spec.column.dataset, spec.column.setting, spec.row.key)
+                if paper is not None:
+                    break
+            cells[key] = Cell(spec.row, spec.column, [], paper=paper)
+        cell = cells[key]
+        cell.seeds.append(spec.seed)
+        summary = read_summary(spec.run_dir)
+        value = summary.get(spec.row.value) if summary else None
+        if not isinstance(value, (int, float)):
+            cell.missing.append(spec)
+            continue
+        cell.value[spec.seed] = float(value)
+        clients = summary.get("final_client_accuracy") or summary.get("zero_shot_client_accuracy")
+        if clients:
+            cell.worst[spec.seed] = float(min(clients))
+        for name, target in (("final_mean_accuracy", cell.client_mean), ("zero_shot_global", cell.zero_shot_global),
+                             ("zero_shot_client_mean", cell.zero_shot_client_mean),
+                             ("best_mean_accuracy", cell.best_mean)):
+            if isinstance(summary.get(name), (int, float)):
+                target[spec.seed] = float(summary[name])
+    return cells
+
+
+def fmt(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return MISSING
+    return f"{value:+.2f}" if signed else f"{value:.2f}"
+
+
+def cell_text(cell: Cell | None) -> str:
+    if cell is None:
+        return ""
+    if cell.mean is None:
+        text = f"{MISSING} (0/{len(cell.seeds)})"
+    else:
+        text = fmt(cell.mean) + (f" ± {fmt(cell.std)}" if cell.std is not None else "")
+        if cell.n < len(cell.seeds):
+            text += f" [{cell.n}/{len(cell.seeds)} seeds]"
+        if cell.worst:
+            text += f" · worst {fmt(cell.worst_mean)} ({fmt(cell.worst_min)})"
+    if cell.paper is not None:
+        text += f" · paper {fmt(cell.paper)}" + (f" (Δ {fmt(cell.diff, signed=True)})" if cell.diff is not None else "")
+    return text
+
+
+def sections(grid: Grid) -> dict[str, list[Column]]:
+    out: dict[str, list[Column]] = {}
+    for column in grid.columns:
+        out.setdefault(column.section, []).append(column)
+    return out
+
+
+def row_average(grid: Grid, cells: dict, row: Row, columns: list[Column]) -> str:
+    """The Average column: mean of the row's cell means over the section (when every column of the
+    section has one, unfiltered), and the paper's own Average."""
+    every = [c for c in grid.columns if c.section == columns[0].section]
+    means = [cells[(row.key, c.key)].mean for c in every if (row.key, c.key) in cells]
+    ours = statistics.fmean(means) if len(means) == len(every) and None not in means else None
+    paper = None
+    for table in grid.paper_tables:
+        paper = PAPER_AVERAGE.get(table, {}).get(columns[0].setting, {}).get(row.key)
+        if paper is not None:
+            break
+    text = fmt(ours)
+    if paper is not None:
+        text += f" · paper {fmt(paper)}" + (f" (Δ {fmt(ours - paper, signed=True)})" if ours is not None else "")
+    return text
+
+
+LEGEND = ("Each cell: mean ± sample standard deviation over the seeds ([n/N seeds] when some are missing) · "
+          "worst: the worst client's final accuracy, mean over the seeds (min over the seeds) · paper: the "
+          "paper's number (Δ = mean − paper). Zero-shot CLIP: accuracy on the whole test set.")
+
+
+def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) -> str:
+    done = sum(c.n for c in cells.values())
+    lines = [f"# {grid.title}", "",
+             f"`fedur-tables {grid.name}`, seeds {', '.join(map(str, seeds))}: {done} of {len(specs)} runs finished.", "",
+             LEGEND, ""]
+    shown_rows = [r for r in grid.rows if any((r.key, c.key) in cells for c in grid.columns)]
+    for section, columns in sections(grid).items():
+        columns = [c for c in columns if any((r.key, c.key) in cells for r in shown_rows)]
+        if not columns:
+            continue
+        header = [*grid.label_headers, *(c.label for c in columns)] + (["Average"] if grid.average else [])
+        lines += [f"## {section}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        for row in shown_rows:
+            texts = [cell_text(cells.get((row.key, c.key))) for c in columns]
+            if grid.average:
+                texts.append(row_average(grid, cells, row, columns))
+            lines.append("| " + " | ".join([*row.labels, *texts]) + " |")
+        lines.append("")
+    missing = [s for c in cells.values() for s in c.missing]
+    if missing:
+        lines += [f"Missing runs ({len(missing)}):", ""]
+        for spec in missing:
+            log = f": see {spec.log}" if spec.log.is_file() else ": not run"
+            lines.append(f"- {spec.name}{log}")
+        lines.append("")
+    lines += [f"Note: {note}" for note in grid.notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# CSV field -> Cell attribute.
+CELL_FIELDS = {"mean": "mean", "std": "std", "n": "n", "worst": "worst_mean", "worst_min": "worst_min",
+               "paper": "paper", "diff": "diff"}
+
+
+def wide_csv(grid: Grid, cells: dict) -> str:
+    """The paper's shape: one line per row, for every column its mean, std, n, worst, worst_min, paper, diff."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["row", *grid.label_headers, *(f"{c.key} {f}" for c in grid.columns for f in CELL_FIELDS)])
+    for row in grid.rows:
+        if not any((row.key, c.key) in cells for c in grid.columns):
+            continue
+        values = []
+        for column in grid.columns:
+            cell = cells.get((row.key, column.key))
+            values += [num(getattr(cell, a)) if cell else "" for a in CELL_FIELDS.values()]
+        writer.writerow([row.key, *row.labels, *values])
+    return buffer.getvalue()
+
+
+def num(value) -> str:
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) else f"{value:.4f}"
+
+
+def long_csv(grid: Grid, cells: dict) -> str:
+    """One line per cell with everything: also the per-client mean, zero-shot numbers and each seed's value."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["grid", "row", "column", "dataset", "setting", "value_key", *CELL_FIELDS, "seeds", "values",
+                     "client_mean", "zero_shot_global", "zero_shot_client_mean", "best_mean", "missing_seeds"])
+    for cell in cells.values():
+        writer.writerow([
+            grid.name, cell.row.key, cell.column.key, cell.column.dataset, cell.column.setting, cell.row.value,
+            *(num(getattr(cell, a)) for a in CELL_FIELDS.values()),
+            " ".join(map(str, cell.seeds)), " ".join(f"{cell.value[s]:.4f}" for s in sorted(cell.value)),
+            num(mean(list(cell.client_mean.values()))), num(mean(list(cell.zero_shot_global.values()))),
+            num(mean(list(cell.zero_shot_client_mean.values()))), num(mean(list(cell.best_mean.values()))),
+            " ".join(str(s.seed) for s in cell.missing),
+        ])
+    return buffer.getvalue()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Whole or not at all: parallel SLURM tasks may render the same table at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def render(grid: Grid, specs: list[RunSpec], seeds: list[int], folder: Path) -> tuple[dict, list[Path]]:
+    """Write folder/table.md, table.csv (the paper's shape) and cells.csv (one line per cell)."""
+    cells = collect(grid, specs)
+    files = [folder / "table.md", folder / "table.csv", folder / "cells.csv"]
+    for path, text in zip(files, (markdown(grid, cells, specs, seeds), wide_csv(grid, cells), long_csv(grid, cells))):
+        write_atomic(path, text)
+    return cells, files

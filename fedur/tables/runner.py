@@ -1,0 +1,243 @@
+"""Run a grid's runs: skip the finished ones, resume the interrupted ones, one after another or several at once.
+
+A run is finished when its `summary.json` exists. Every other run starts with `--run.resume auto`, which
+continues from the last committed checkpoint in its directory when there is one and starts afresh
+otherwise. Each run writes its output to `<cell>/seed<k>.log` (appended, so a resumed run keeps the
+interrupted one's lines). A failed run is reported with its log and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedur.tables.grids import REPO, RunSpec
+
+MAIN = REPO / "fedur" / "main.py"
+# Launchers that take a script path (fabric run ... fedur/main.py); any other launcher (srun, mpirun,
+# env ...) is followed by the python interpreter and the script.
+SCRIPT_LAUNCHERS = {"fabric", "lightning", "torchrun"}
+TINY_CLIP_ENV = "FEDUR_TINY_CLIP"
+TINY_CLIP_NAME = "tinyclip-teacher-a"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the runs read besides the grid: data and model folders, the launcher and extra flags."""
+
+    data_root: str | None = None  # DIR, DIR with {dataset}, or "name=DIR,name=DIR"
+    model_dir: str | None = None  # the tiny-clip folder (proxy grids)
+    launcher: str | None = None
+    extra: tuple[str, ...] = ()
+    threads: int | None = None  # --run.threads for every run (parallel local runs)
+
+
+def data_root_for(spec: RunSpec, data_root: str | None) -> str | None:
+    """The --data.root of one run: DIR/<dataset> for a grid of several datasets, DIR for one dataset,
+    a {dataset} template filled in, or the DIR given as dataset=DIR."""
+    if not spec.grid.uses_data_root or not data_root:
+        return None
+    dataset = spec.column.dataset
+    if "=" in data_root:
+        pairs = dict(item.split("=", 1) for item in data_root.split(",") if item)
+        return pairs.get(dataset)
+    if "{dataset}" in data_root:
+        return data_root.format(dataset=dataset)
+    if len({c.dataset for c in spec.grid.columns}) > 1:
+        return str(Path(data_root) / dataset)
+    return data_root
+
+
+def model_dir_for(model_dir: str | None) -> Path:
+    """The tiny-clip folder: --model-dir, else $FEDUR_TINY_CLIP, else ../shared/assets/tiny-clip."""
+    value = model_dir or os.environ.get(TINY_CLIP_ENV) or str(REPO.parent / "shared" / "assets" / "tiny-clip")
+    return Path(value).expanduser().resolve()
+
+
+def command(spec: RunSpec, inputs: Inputs) -> list[str]:
+    """The command line of one run. Later flags win, so the grid's come before the extra ones and the
+    run's own (seed, directory, resume) come last."""
+    if inputs.launcher:
+        launcher = shlex.split(inputs.launcher)
+        beside_python = Path(sys.executable).parent / launcher[0]
+        if shutil.which(launcher[0]) is None and beside_python.is_file():  # `fabric` of a venv that is not activated
+            launcher[0] = str(beside_python)
+        program = Path(launcher[0]).name
+        head = [*launcher, str(MAIN)] if program in SCRIPT_LAUNCHERS else [*launcher, sys.executable, str(MAIN)]
+    else:
+        head = [sys.executable, "-m", "fedur.main"]
+    cmd = [*head, "--config", str(REPO / spec.column.config), *spec.column.flags, *spec.grid.flags, *spec.row.flags]
+    root = data_root_for(spec, inputs.data_root)
+    if root:
+        cmd += ["--data.root", root]
+    if spec.grid.uses_model_dir:
+        folder = model_dir_for(inputs.model_dir)
+        cmd += ["--model.config_file", str(folder / f"{TINY_CLIP_NAME}.json"),
+                "--model.pretrained", str(folder / f"{TINY_CLIP_NAME}.pt")]
+    if inputs.threads and not any(arg.startswith("--run.threads") for arg in inputs.extra):
+        cmd += ["--run.threads", str(inputs.threads)]
+    extra = [arg.replace("{seed}", str(spec.seed)) for arg in inputs.extra]  # e.g. --federation.partition_seed {seed}
+    cmd += [*extra, "--run.seed", str(spec.seed), "--run.output_dir", str(spec.run_dir),
+            "--run.resume", "auto", "--run.progress", "false"]
+    return cmd
+
+
+def committed_round(run_dir: Path) -> int | None:
+    """The number of rounds the newest committed checkpoint holds (None: nothing to resume from)."""
+    rounds = [int(p.parent.name.split("_")[1]) for p in run_dir.glob("checkpoints/round_*/COMMITTED.json")]
+    return max(rounds) + 1 if rounds else None
+
+
+def status(spec: RunSpec) -> str:
+    """'done' (summary.json), 'resume' (a committed checkpoint) or 'new'."""
+    if (spec.run_dir / "summary.json").is_file():
+        return "done"
+    return "resume" if committed_round(spec.run_dir) is not None else "new"
+
+
+@dataclass
+class Outcome:
+    spec: RunSpec
+    ok: bool
+    returncode: int | None
+    seconds: float
+    message: str  # the accuracy for a finished run, the last error line for a failed one
+
+
+def last_error_line(log: Path) -> str:
+    """The most telling line at the end of a log: fedur's own error, else the last non-empty line."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()[-200:] if line.strip()]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.startswith("fedur: error") or "Error" in line.split(":")[0]:
+            return line[:300]
+    return lines[-1][:300] if lines else ""
+
+
+class Children:
+    """The runs in progress, so that an interrupted fedur-tables stops them (they resume on the next call)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.procs: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def start(self, cmd: list[str], log) -> subprocess.Popen | None:
+        with self.lock:
+            if self.stopping:
+                return None
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
+            self.procs.add(proc)
+            return proc
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM every run (fedur stops at its next safe point), SIGKILL what is left after `grace` s."""
+        with self.lock:
+            self.stopping = True
+            procs = list(self.procs)
+        for proc in procs:
+            proc.terminate()
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def run_one(spec: RunSpec, inputs: Inputs, children: Children) -> Outcome:
+    """Start one run with its output appended to its log; wait for it."""
+    spec.cell_dir.mkdir(parents=True, exist_ok=True)
+    cmd = command(spec, inputs)
+    started = time.monotonic()
+    with spec.log.open("a") as log:
+        log.write(f"# fedur-tables {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(cmd)}\n")
+        log.flush()
+        proc = children.start(cmd, log)
+        if proc is None:
+            return Outcome(spec, False, None, 0.0, "not started: fedur-tables was interrupted")
+        returncode = proc.wait()
+        with children.lock:
+            children.procs.discard(proc)
+    seconds = time.monotonic() - started
+    summary = spec.run_dir / "summary.json"
+    if returncode == 0 and summary.is_file():
+        return Outcome(spec, True, returncode, seconds, "")
+    if returncode == 0:  # stopped at a checkpoint (a signal): rerunning resumes it
+        return Outcome(spec, False, returncode, seconds, "stopped before its last round (no summary.json); rerun to resume")
+    return Outcome(spec, False, returncode, seconds, last_error_line(spec.log))
+
+
+def format_seconds(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
+
+
+def execute(specs: list[RunSpec], inputs: Inputs, jobs: int = 1, echo=print) -> list[Outcome]:
+    """Run every spec (jobs at a time), printing which run, i of n, and its log as each starts and ends."""
+    total = len(specs)
+    lock = threading.Lock()
+    outcomes: list[Outcome] = []
+    children = Children()
+
+    def work(item: tuple[int, RunSpec]) -> Outcome:
+        i, spec = item
+        resume = committed_round(spec.run_dir)
+        state = f"resuming after round {resume}" if resume is not None else "starting"
+        with lock:
+            echo(f"[{i}/{total}] {state}: {spec.name}  log {spec.log}")
+        outcome = run_one(spec, inputs, children)
+        if children.stopping:
+            return outcome
+        with lock:
+            if outcome.ok:
+                echo(f"[{i}/{total}] finished in {format_seconds(outcome.seconds)}: {spec.name}{result_text(spec)}")
+            else:
+                echo(f"[{i}/{total}] FAILED (exit {outcome.returncode}) after {format_seconds(outcome.seconds)}: "
+                     f"{spec.name}\n    log {spec.log}\n    {outcome.message}")
+            outcomes.append(outcome)
+        return outcome
+
+    items = list(enumerate(specs, start=1))
+    pool = ThreadPoolExecutor(max_workers=max(jobs, 1))
+    try:
+        futures = [pool.submit(work, item) for item in items]
+        for future in futures:
+            future.result()
+    except KeyboardInterrupt:
+        echo("interrupted: stopping the runs in progress; the same command resumes them")
+        children.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return outcomes
+
+
+def result_text(spec: RunSpec) -> str:
+    from fedur.tables.render import read_summary
+
+    summary = read_summary(spec.run_dir)
+    if not summary:
+        return ""
+    value = summary.get(spec.row.value)
+    clients = summary.get("final_client_accuracy") or summary.get("zero_shot_client_accuracy") or []
+    worst = f", worst client {min(clients):.2f}%" if clients else ""
+    return f"  {value:.2f}%{worst}" if isinstance(value, (int, float)) else ""
+
+
+def default_threads(jobs: int) -> int | None:
+    """CPU threads per run when `jobs` runs share this machine (None: fedur's default, cores / ranks)."""
+    if jobs <= 1:
+        return None
+    return max(1, (os.cpu_count() or 1) // jobs)

@@ -1,0 +1,244 @@
+"""fedur-tables: a grid run end to end (skip, resume), tables from hand-written summaries, the SLURM
+array script, the grids' configs and flags, and the transcription of the paper's numbers."""
+
+import csv
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import typing
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from fedur.config import GROUPS
+from fedur.tables import cli
+from fedur.tables.grids import GRIDS, expand
+from fedur.tables.paper import DATASETS_T1, PAPER, PAPER_AVERAGE, TABLE7_GAINS
+from fedur.tables.runner import Inputs, command
+
+from .conftest import REPO
+
+
+def tables(out: Path, grid: str, *args: str) -> subprocess.CompletedProcess:
+    """fedur-tables through its real entry point."""
+    return subprocess.run([sys.executable, "-m", "fedur.tables.cli", grid, "--out", str(out), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_grid_runs_skips_and_resumes(tmp_path):
+    out = tmp_path / "tables"
+    first = tables(out, "tiny", "--seeds", "1,2", "--jobs", "2")
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    assert "4 to run" in first.stdout
+    grid = GRIDS["tiny"]
+    specs = expand(grid, [1, 2], out)
+    assert len(specs) == 4
+    for i, spec in enumerate(specs, start=1):
+        assert spec.log.is_file() and str(spec.log) in first.stdout
+        assert (spec.run_dir / "summary.json").is_file()
+    assert "[4/4] finished" in first.stdout
+
+    # The table, recomputed from the summaries.
+    wide = {row["row"]: row for row in read_csv(out / "tiny" / "table.csv")}
+    markdown = (out / "tiny" / "table.md").read_text()
+    for row in grid.rows:
+        summaries = [json.loads((s.run_dir / "summary.json").read_text()) for s in specs if s.row is row]
+        values = [s["final_mean_accuracy"] for s in summaries]
+        worst = [min(s["final_client_accuracy"]) for s in summaries]
+        line = wide[row.key]
+        assert float(line["tiny mean"]) == pytest.approx(statistics.fmean(values), abs=1e-4)
+        assert float(line["tiny std"]) == pytest.approx(statistics.stdev(values), abs=1e-4)
+        assert float(line["tiny worst"]) == pytest.approx(statistics.fmean(worst), abs=1e-4)
+        assert float(line["tiny worst_min"]) == pytest.approx(min(worst), abs=1e-4)
+        assert line["tiny n"] == "2"
+        text = (f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f} · "
+                f"worst {statistics.fmean(worst):.2f} ({min(worst):.2f})")
+        assert f"| {' | '.join(row.labels)} | {text} |" in markdown
+
+    # A second call runs nothing: every run has its summary.json.
+    logs = {spec.log: (spec.log.stat().st_mtime_ns, spec.log.stat().st_size) for spec in specs}
+    second = tables(out, "tiny", "--seeds", "1,2")
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "4 finished, 0 to run" in second.stdout
+    assert {log: (log.stat().st_mtime_ns, log.stat().st_size) for log in logs} == logs
+
+    # An interrupted run (committed round 1 of 2, no summary) is resumed, not restarted, and ends as the
+    # uninterrupted run did (bitwise on CPU).
+    spec = specs[1]
+    before = json.loads((spec.run_dir / "summary.json").read_text())
+    (spec.run_dir / "summary.json").unlink()
+    shutil.rmtree(spec.run_dir / "checkpoints" / "round_00001")
+    third = tables(out, "tiny", "--seeds", "1,2")
+    assert third.returncode == 0, third.stdout[-3000:] + spec.log.read_text()[-3000:]
+    assert "1 to run (1 to resume)" in third.stdout
+    assert f"resuming after round 1: {spec.name}" in third.stdout
+    after = json.loads((spec.run_dir / "summary.json").read_text())
+    assert after["final_client_accuracy"] == before["final_client_accuracy"]
+    assert after["rounds_completed"] == 2
+    assert spec.log.read_text().count("# fedur-tables ") == 2  # the log is appended to
+    assert sum(1 for line in (spec.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()) == 2
+
+
+def write_summary(run_dir: Path, **values) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps(values))
+
+
+def test_table_from_hand_written_summaries(tmp_path, capsys):
+    out = tmp_path / "tables"
+    grid = GRIDS["table1"]
+    runs = {(s.row.key, s.column.key, s.seed): s for s in expand(grid, [1, 2, 3], out)}
+    # FedUR on DTD beta 0.1: 60, 62, 64 -> mean 62, std 2; worst clients 50, 40, 45.
+    for seed, final, clients in ((1, 60.0, [50.0, 70.0]), (2, 62.0, [40.0, 84.0]), (3, 64.0, [45.0, 83.0])):
+        write_summary(runs[("fedur", "dtd-beta0.1", seed)].run_dir, final_mean_accuracy=final,
+                      final_client_accuracy=clients, best_mean_accuracy=final + 1, zero_shot_global=43.0,
+                      zero_shot_client_mean=41.0)
+    # Zero-shot CLIP on DTD beta 0.1: the global zero-shot number, two seeds of three (one run failed).
+    for seed, value in ((1, 43.0), (2, 43.5)):
+        write_summary(runs[("zeroshot", "dtd-beta0.1", seed)].run_dir, final_mean_accuracy=40.0,
+                      final_client_accuracy=[30.0, 50.0], zero_shot_global=value, zero_shot_client_mean=40.0)
+    failed = runs[("zeroshot", "dtd-beta0.1", 3)]
+    failed.cell_dir.mkdir(parents=True, exist_ok=True)
+    failed.log.write_text("fedur: error: something\n")
+
+    code = cli.main(["table1", "--out", str(out), "--table-only", "--rows", "fedur,zeroshot",
+                     "--columns", "dtd-beta0.1,cub-beta0.05"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    markdown = (out / "table1" / "table.md").read_text()
+    assert markdown in printed
+    assert "| FedUR | CoDPL | 62.00 ± 2.00 · worst 45.00 (40.00) · paper 62.75 (Δ -0.75) | — · paper 73.92 |" in markdown
+    assert "| CLIP (zero-shot) | - | 43.25 ± 0.35 [2/3 seeds] · worst 30.00 (30.00) · paper 43.24 (Δ +0.01) | — · paper 60.19 |" in markdown
+    assert "| FedUR | CoDPL | — (0/3) · paper 55.09 | — · paper 75.46 |" in markdown  # beta 0.05: no run
+    assert f"- zeroshot | dtd-beta0.1 | seed 3: see {failed.log}" in markdown
+    assert "- fedur | cub-beta0.05 | seed 1: not run" in markdown
+
+    wide = {row["row"]: row for row in read_csv(out / "table1" / "table.csv")}
+    assert set(wide) == {"zeroshot", "fedur"}
+    fedur = wide["fedur"]
+    assert (fedur["dtd-beta0.1 mean"], fedur["dtd-beta0.1 std"], fedur["dtd-beta0.1 n"]) == ("62.0000", "2.0000", "3")
+    assert (fedur["dtd-beta0.1 worst"], fedur["dtd-beta0.1 worst_min"]) == ("45.0000", "40.0000")
+    assert (fedur["dtd-beta0.1 paper"], fedur["dtd-beta0.1 diff"]) == ("62.7500", "-0.7500")
+    assert fedur["cub-beta0.05 mean"] == "" and fedur["cub-beta0.05 paper"] == "55.0900"
+    assert wide["zeroshot"]["dtd-beta0.1 std"] == f"{statistics.stdev([43.0, 43.5]):.4f}"
+
+    cells = {(c["row"], c["column"]): c for c in read_csv(out / "table1" / "cells.csv")}
+    zero = cells[("zeroshot", "dtd-beta0.1")]
+    assert (zero["value_key"], zero["values"], zero["missing_seeds"]) == ("zero_shot_global", "43.0000 43.5000", "3")
+    assert (zero["client_mean"], zero["zero_shot_client_mean"]) == ("40.0000", "40.0000")  # the per-client mean
+    assert cells[("fedur", "dtd-beta0.1")]["best_mean"] == "63.0000"
+
+
+def test_average_column_needs_every_dataset(tmp_path, capsys):
+    out = tmp_path / "tables"
+    values = {"dtd": 60.0, "resisc45": 70.0, "cub": 50.0, "ucf101": 65.0, "cifar10": 90.0, "cifar100": 71.0}
+    for spec in expand(GRIDS["table2"], [1], out, rows=["fedcopl"]):
+        write_summary(spec.run_dir, final_mean_accuracy=values[spec.column.dataset], final_client_accuracy=[1.0])
+    assert cli.main(["table2", "--out", str(out), "--seeds", "1", "--table-only", "--rows", "fedcopl"]) == 0
+    average = statistics.fmean(values.values())
+    assert f"| {average:.2f} · paper 72.31 (Δ {average - 72.31:+.2f}) |" in (out / "table2" / "table.md").read_text()
+
+
+def test_slurm_array_script(tmp_path, capsys):
+    out, data = tmp_path / "tables", tmp_path / "data"
+    specs = expand(GRIDS["table6"], [1, 2, 3], out)
+    assert len(specs) == 8 * 4 * 3
+    write_summary(specs[5].run_dir, final_mean_accuracy=50.0, final_client_accuracy=[50.0])  # finished: left out
+    code = cli.main(["table6", "--seeds", "1,2,3", "--data-root", str(data), "--out", str(out), "--slurm",
+                     "--slurm-parallel", "16", "--sbatch-option", "partition=gpu", "--dry-run", "--", "--optim.lr", "0.05"])
+    assert code == 0
+    script = (out / "table6" / "table6-array.sbatch").read_text()
+    assert "#SBATCH --array=0-4,6-95%16\n" in script
+    assert "#SBATCH --partition=gpu\n" in script and "#SBATCH --gres=gpu:1\n" in script
+    assert f"#SBATCH --output={out}/table6/slurm/%A_%a.out" in script
+    task = script.strip().splitlines()[-1]
+    assert task.startswith(f"{sys.executable} -m fedur.tables.cli table6 --task \"$SLURM_ARRAY_TASK_ID\" --seeds 1,2,3 --out {out}")
+    assert f"--data-root {data}" in task and "--launcher 'srun --kill-on-bad-exit=1'" in task
+    assert task.endswith('-- --optim.lr 0.05 --run.threads "${SLURM_CPUS_PER_TASK:-1}" --fabric.num_nodes "$SLURM_NNODES" '
+                         '--fabric.devices "$SLURM_NTASKS_PER_NODE"')
+    index = (out / "table6" / "runs.tsv").read_text().splitlines()
+    assert len(index) == 1 + 96 and index[6].startswith("5\tdone\t")
+
+    # What task 7 runs: run 7 of the grid, through srun, with the task's extra flags.
+    capsys.readouterr()
+    assert cli.main(["table6", "--task", "7", "--seeds", "1,2,3", "--data-root", str(data), "--out", str(out),
+                     "--launcher", "srun --kill-on-bad-exit=1", "--dry-run", "--", "--optim.lr", "0.05"]) == 0
+    printed = capsys.readouterr().out
+    spec = specs[7]
+    assert f"task 7: new: {spec.name}" in printed
+    expected = command(spec, Inputs(data_root=str(data), launcher="srun --kill-on-bad-exit=1", extra=("--optim.lr", "0.05")))
+    assert expected[:4] == ["srun", "--kill-on-bad-exit=1", sys.executable, str(REPO / "fedur" / "main.py")]
+    assert " ".join(expected[-12:]) in printed
+    assert f"--data.root {data / spec.column.dataset}" in printed
+    seeded = command(spec, Inputs(data_root=str(data), extra=("--federation.partition_seed", "{seed}")))
+    assert seeded[seeded.index("--federation.partition_seed") + 1] == str(spec.seed) == "2"
+
+
+def flag_pairs(flags: tuple[str, ...]) -> list[tuple[str, str]]:
+    assert len(flags) % 2 == 0, flags
+    return list(zip(flags[::2], flags[1::2]))
+
+
+def check_flag(flag: str, value: str) -> None:
+    """`--group.key value` names a real setting and a value its type allows."""
+    group, _, key = flag[2:].partition(".")
+    assert group in GROUPS, flag
+    types = typing.get_type_hints(GROUPS[group])
+    assert key in {f.name for f in fields(GROUPS[group])}, flag
+    hint = types[key]
+    if typing.get_origin(hint) is typing.Literal:
+        assert value in typing.get_args(hint), (flag, value)
+    elif hint is bool:
+        assert value in ("true", "false"), (flag, value)
+
+
+def test_grids_resolve_to_configs_and_real_settings():
+    from fedur.main import build_parser
+
+    parser = build_parser()
+    for grid in GRIDS.values():
+        assert len({r.key for r in grid.rows}) == len(grid.rows) and len({c.key for c in grid.columns}) == len(grid.columns)
+        for column in grid.columns:
+            assert (REPO / column.config).is_file(), (grid.name, column.config)
+            for flag, value in flag_pairs(column.flags):
+                check_flag(flag, value)
+        for flag, value in flag_pairs(grid.flags) + [p for r in grid.rows for p in flag_pairs(r.flags)]:
+            check_flag(flag, value)
+        # One whole command line per grid through fedur's own parser (the last row on the last column).
+        spec = expand(grid, [1], Path("/tmp/never-written"))[-1]
+        args = command(spec, Inputs(data_root="/data", model_dir="/models"))[3:]
+        assert parser.parse_args(args).run.seed == 1
+    assert [c.config for c in GRIDS["table1"].columns][:2] == ["configs/paper/table1/dtd-beta0.1.yaml",
+                                                               "configs/paper/table1/resisc45-beta0.1.yaml"]
+    assert len(expand(GRIDS["table1"], [1, 2, 3], Path("x"))) == 11 * 12 * 3
+    assert len(expand(GRIDS["table7"], [1, 2, 3], Path("x"))) == 16 * 5 * 3
+
+
+def test_paper_numbers_are_consistent():
+    # The paper's Average columns are the means of its cells (to rounding).
+    for table, settings in PAPER_AVERAGE.items():
+        for setting, rows in settings.items():
+            for row, average in rows.items():
+                cells = [PAPER[table][d][setting][row] for d in DATASETS_T1]
+                assert statistics.fmean(cells) == pytest.approx(average, abs=0.006), (table, setting, row)
+    # Table 7's printed gains are CoDPL minus the baseline row above it.
+    base = {"promptfl": "promptfl+cpl", "promptprox": "promptprox+cpl", "pfedprompt": "pfedprompt+fpl", "fedotp": "fedotp+fpl"}
+    for row, gains in TABLE7_GAINS.items():
+        for dataset, gain in zip(DATASETS_T1[:5], gains):
+            t7 = PAPER["table7"][dataset]["beta0.1"]
+            assert t7[row] - t7[base[row.split("+")[0]]] == pytest.approx(gain, abs=0.006)
+            assert t7[base[row.split("+")[0]]] == PAPER["table1"][dataset]["beta0.1"][base[row.split("+")[0]]]
+    # Table 6's FedCoPL and FedUR rows are Table 1's at beta 0.1.
+    for dataset in DATASETS_T1[:4]:
+        for row in ("fedcopl", "fedur"):
+            assert PAPER["table6"][dataset]["beta0.1"][row] == PAPER["table1"][dataset]["beta0.1"][row]
+    assert PAPER["table1"]["cifar10"]["beta0.05"]["fedur"] == 96.06
+    assert PAPER["table2"]["resisc45"]["quantity"]["fedcopl"] == 81.06
