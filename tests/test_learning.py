@@ -50,5 +50,5 @@ def test_one_rank_is_identical(runs):
 
 def test_fedcopl_learns_too(runs):
     s = summary(runs["fedcopl"])
-    assert s["settings"]["fedur"]["class_weights"] == "none" and s["settings"]["fedur"]["negatives"] == "none"
+    assert s["settings"]["method"]["name"] == "fedcopl" and s["method"] == "fedcopl" and s["labeller"] == "copl"
     assert s["final_mean_accuracy"] >= s["zero_shot_client_mean"] + FEDCOPL_MARGIN, s

@@ -116,7 +116,7 @@ def test_every_round_is_committed_and_old_ones_pruned(reference, tmp_path):
     client = checkpoint.load(checkpoint.client_file(checkpoint.latest(reference).folder, 3))
     assert set(client) >= {"prompts", "optimizer_state", "pseudo_labels", "train_indices", "extra"}
     assert set(client["prompts"]) == {"visual", "text_ctx"}
-    assert client["pseudo_labels"]["negatives"].dtype == torch.bool
+    assert client["pseudo_labels"]["mask"].dtype == torch.bool  # CoDPL: the negative pseudo-labels
     assert client["optimizer_state"][0]["momentum_buffer"].abs().sum() > 0  # the SGD momentum, compared after every resume
     shared = checkpoint.load(checkpoint.latest(reference).folder / "global.pt")
     assert shared["refresh"]["class_weights"].shape == (5,)
