@@ -13,8 +13,8 @@ pads them.
 
 For C classes with prompts of length L (the longest), a layer's token-wise work (~24 W^2 FLOPs per
 token forward) drops from C*L tokens to n_shared + (the classes' own tokens up to their EOT); with
-n_ctx=16 and CIFAR-like class names (L ~ 20-26) that is 4-5x fewer tokens. On ViT-B/32's text tower
-(CPU, fp32, one thread) the forward + backward per optimizer step is x3.2 / x5.1 / x5+ cheaper at
+n_ctx=16 and CIFAR-like class names (L ~ 20-26) that is 4-6x fewer tokens. On ViT-B/32's text tower
+(CPU, fp32, one thread) the forward + backward per optimizer step is x3.2 / x5.1 / x5.3 cheaper at
 10 / 100 / 200 classes (benchmarks/round_cost.py, docs/performance.md).
 """
 
@@ -103,7 +103,7 @@ _LAYOUTS: dict[tuple, tuple[weakref.ref, int, _Layout]] = {}
 
 
 def _layout(clip_model: nn.Module, tokens: Tensor, n_shared: int, device: torch.device) -> _Layout:
-    key = (id(tokens), n_shared, str(device))
+    key = (id(tokens), n_shared, str(device), clip_model.text_pool_type, getattr(clip_model, "text_eos_id", None))
     hit = _LAYOUTS.get(key)
     if hit is not None and hit[0]() is tokens and hit[1] == tokens._version:
         return hit[2]
@@ -167,8 +167,8 @@ def _block(block: ResidualAttentionBlock, z: Tensor, layout: _Layout, mask_share
     scores = torch.cat([to_shared.view(heads, n_cls, n_own, n_shared), to_own], dim=-1)  # (H, C, T, S + T)
     probs = (scores + _float_mask(mask_own, scores.dtype)).softmax(dim=-1)
     p_shared, p_own = probs.split([n_shared, n_own], dim=-1)
-    out_c = torch.bmm(p_shared.reshape(heads, n_cls * n_own, n_shared).to(v_s.dtype), v_s).view(heads, n_cls, n_own, head_dim)
-    out_c = out_c + torch.matmul(p_own.to(v.dtype), v)  # (H, C, T, hd)
+    out_c = torch.bmm(p_shared.reshape(heads, n_cls * n_own, n_shared).to(v_s.dtype), v_s)  # (H, C*T, hd)
+    out_c = out_c.view(heads, n_cls, n_own, head_dim) + torch.matmul(p_own.to(v.dtype), v)  # (H, C, T, hd)
     out_c = out_c.permute(1, 2, 0, 3).reshape(n_cls * n_own, width)
     if layout.packed is not None:
         out_c = out_c.index_select(0, layout.packed)  # (N, width)

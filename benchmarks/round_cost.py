@@ -1,0 +1,760 @@
+"""What a federated round costs, and how far it is from its compute floor.
+
+Per model (ViT-B/32, fedur-tiny, fedur-demo; random init, nothing downloaded) and class count (10, 100,
+200 class names of varied token lengths), with the run's default prompts (n_ctx 16, 5 visual tokens in
+all blocks but the last), on random images already on the device:
+
+  text      the text tower's forward + backward per optimizer step, the plain path
+            (`encode_text_embeddings`) and the shared-prefix path (`encode_text_shared_prefix`)
+            alternating; their time ratio; FLOPs of both; token counts
+  train     prompted training forward + backward at batch 64 (`PromptedCLIP.forward`, cross-entropy,
+            backward; no optimizer step), with `model.shared_prefix_text` off and on, alternating:
+            images/s, FLOPs per step, achieved FLOP rate as a fraction of the measured matmul rate, peak
+            memory
+  eval      pseudo-labelling / evaluation forward, no grad, batch 256 (the text side computed once per
+            pass, as `Method.classifier` does): images/s, FLOPs, fraction of the matmul rate, peak memory
+  bytes     what each client sends per round: the visual prompt (float32) plus, in a refresh round, the
+            class histograms (int64, two of C for cooperative selection), as fedur/train/fit.py counts
+  round     whole runs of `python -m fedur.main` (10 clients, ~500 train + 100 test generated images, 1
+            local epoch, a refresh every round), per-round `round_seconds` and `phase_seconds` from
+            <run>/metrics.jsonl, against the compute floor: the images each phase puts through the towers
+            (partition.json, the selected counts) x the per-image cost at full batch, measured by the same
+            invocation just before the runs (so under the same load)
+
+The matmul rate is measured on the spot: fp32 2048^3 on CPU, bf16 8192^3 on CUDA. FLOPs come from
+torch.utils.flop_counter.FlopCounterMode (matmuls, convolutions, attention). Peak memory: the process's
+peak RSS (VmHWM, reset through /proc/self/clear_refs) on CPU, torch.cuda.max_memory_allocated on CUDA.
+Timed calls alternate between the settings compared so that load from other jobs falls on both; every
+figure is a median. Precision: fp32 on CPU, bf16 autocast on CUDA (as fedur's `fabric.precision auto`).
+
+    python benchmarks/round_cost.py --quick                                    # CPU smoke, < 2 min
+    python benchmarks/round_cost.py --models fedur-tiny,fedur-demo             # every part, a few minutes
+    python benchmarks/round_cost.py --device cuda                              # see benchmarks/gpu_round_cost.sh
+
+Results go to <out>/<device>[-quick].json and .md (default out: benchmarks/results/round_cost/). With
+--merge, an invocation adds to the JSON already there (parts measured in several shorter runs); the
+Markdown lists every contributing command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fedur.model.classifier import PromptedCLIP  # noqa: E402
+from fedur.model.clip import encode_text_embeddings, load_clip  # noqa: E402
+from fedur.model.text_tower import encode_text_shared_prefix  # noqa: E402
+
+CIFAR100 = (
+    "apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly camel can "
+    "castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup dinosaur dolphin "
+    "elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard lobster "
+    "man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck "
+    "pine_tree plain plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk "
+    "skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger "
+    "tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm"
+).split()
+MODIFIERS = ["red", "dark green", "light blue", "striped", "tiny", "old rusty", "black and white", "golden", "wild",
+             "snow covered"]
+STEP_OPTIONS = ("off", "on")  # shared-prefix text tower
+PHASES = ("refresh", "train", "aggregate", "evaluate", "checkpoint")  # metrics.jsonl phase_seconds
+
+
+def class_names(n: int) -> list[str]:
+    """n names of 1-7 tokens: CIFAR-100's, then '<modifier> <CIFAR-100 name>'; an evenly spaced subset of the
+    200 so that every n has a similar mix of lengths."""
+    pool = CIFAR100 + [f"{MODIFIERS[i % 10]} {CIFAR100[(37 * i) % 100]}" for i in range(100)]
+    pool += [f"{pool[i % 200]} {i}" for i in range(max(0, n - len(pool)))]
+    if n >= len(pool):
+        return pool[:n]
+    step = (len(pool) - 1) / max(1, n - 1)
+    return [pool[round(i * step)] for i in range(n)]
+
+
+# ---------------------------------------------------------------- timing, memory, FLOPs
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PeakMemory:
+    """Peak memory of what runs between reset() and read(): RSS on CPU, allocated memory on CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.kind = "cuda max_memory_allocated" if device.type == "cuda" else "process peak RSS (VmHWM)"
+        if device.type != "cuda":
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                self.kind = "process peak RSS since start (ru_maxrss; VmHWM cannot be reset here)"
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            with contextlib.suppress(OSError):
+                Path("/proc/self/clear_refs").write_text("5")
+
+    def current(self) -> int:
+        """What is held now (the baseline a peak is read against): allocated memory, or the process's RSS."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.memory_allocated(self.device))
+        try:
+            return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+        except (OSError, AttributeError):
+            return 0
+
+    def read(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        try:
+            return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+        except (OSError, AttributeError):
+            import resource
+
+            return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def alternate(fns: dict[str, Callable[[], None]], device: torch.device, memory: PeakMemory, min_seconds: float,
+              max_reps: int) -> dict[str, dict]:
+    """Call the functions in turn (a, b, a, b, ...) until each has run for min_seconds (or max_reps times):
+    {name: {"seconds": [...], "median": s, "peak_bytes": b}}."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    peaks: dict[str, int] = {name: 0 for name in fns}
+    baseline = memory.current()  # the model, the inputs, the process (on CPU: torch's libraries)
+    while True:
+        for name, fn in fns.items():
+            memory.reset()
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+            peaks[name] = max(peaks[name], memory.read())
+        if all(sum(t) >= min_seconds or len(t) >= max_reps for t in times.values()):
+            break
+    return {name: {"seconds": t, "median": statistics.median(t), "peak_bytes": peaks[name], "baseline_bytes": baseline}
+            for name, t in times.items()}
+
+
+def count_flops(fn: Callable[[], None]) -> int:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def matmul_rate(device: torch.device, quick: bool) -> dict:
+    """The machine's matmul rate: best of several fp32 2048^3 (CPU) or bf16 8192^3 (CUDA) products."""
+    n, dtype = (2048, torch.float32) if device.type != "cuda" else (8192, torch.bfloat16)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(2 if quick else (5 if device.type != "cuda" else 20)):
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "flops_per_s": 2 * n**3 / best}
+
+
+# ---------------------------------------------------------------- the model parts
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.device = torch.device(args.device)
+        self.bf16 = args.precision == "bf16" or (args.precision == "auto" and self.device.type == "cuda")
+        self.memory = PeakMemory(self.device)
+        self._clips: dict[str, object] = {}
+        self._floor_costs: dict[tuple, dict] = {}
+
+    def autocast(self):
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def model(self, name: str, n_classes: int) -> PromptedCLIP:
+        if name not in self._clips:
+            torch.manual_seed(0)
+            self._clips.clear()  # one backbone at a time in memory
+            self._clips[name] = load_clip(name, None)
+        clip = self._clips[name]
+        model = PromptedCLIP(clip, class_names(n_classes), self.args.n_ctx, self.args.visual_tokens, None, 0.02, seed=1)
+        return model.to(self.device)
+
+    def images(self, model: PromptedCLIP, batch: int) -> torch.Tensor:
+        size = model.clip.visual.image_size
+        size = size[0] if isinstance(size, (tuple, list)) else size
+        return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch)).to(self.device)
+
+    # -- text tower per optimizer step
+    def text(self, name: str, n_classes: int) -> dict:
+        args, model = self.args, self.model(name, n_classes)
+        tokens = model.text_prompt.tokens
+        n_shared = 1 + model.text_prompt.ctx.shape[0]
+        weights = torch.randn(n_classes, model.clip.text_projection.shape[1], device=self.device)
+
+        def step(shared: bool) -> Callable[[], None]:
+            def run() -> None:
+                model.text_prompt.ctx.grad = None
+                with self.autocast():
+                    embeddings = model.text_prompt()
+                    if shared:
+                        features = encode_text_shared_prefix(model.clip, embeddings, tokens, n_shared)
+                    else:
+                        features = encode_text_embeddings(model.clip, embeddings, tokens)
+                    loss = (F.normalize(features.float(), dim=-1) * weights).sum()
+                loss.backward()
+
+            return run
+
+        steps = {"off": step(False), "on": step(True)}
+        flops = {key: count_flops(fn) for key, fn in steps.items()}  # also the warm-up
+        timed = alternate(steps, self.device, self.memory, args.min_seconds, args.max_reps)
+        pooled = tokens.argmax(dim=-1)
+        out = {
+            "length": int(tokens.shape[1]),
+            "n_shared": n_shared,
+            "tokens_off": int(tokens.numel()),
+            "tokens_on": n_shared + int((pooled - n_shared + 1).clamp(min=0).sum()),
+            "speedup": timed["off"]["median"] / timed["on"]["median"],
+            "paired_speedup": statistics.median(a / b for a, b in zip(timed["off"]["seconds"], timed["on"]["seconds"])),
+        }
+        for key in steps:
+            out[key] = {**timed[key], "flops": flops[key]}
+        return out
+
+    # -- prompted training step at batch 64
+    def train(self, name: str, n_classes: int) -> dict:
+        args, model = self.args, self.model(name, n_classes)
+        model.train()
+        has_switch = hasattr(model, "shared_prefix_text")
+        labels = torch.randint(0, n_classes, (args.train_batch,), generator=torch.Generator().manual_seed(0))
+
+        def step(shared: bool, images: torch.Tensor, labels: torch.Tensor, fixed_text: torch.Tensor | None = None):
+            def run() -> None:
+                if has_switch:
+                    model.shared_prefix_text = shared
+                model.zero_grad(set_to_none=True)
+                with self.autocast():
+                    if fixed_text is not None:  # the image side alone (its FLOPs)
+                        logits = model.logits(model.image_features(images), fixed_text)
+                    else:
+                        logits = model(images)
+                    loss = F.cross_entropy(logits.float(), labels.to(logits.device))
+                loss.backward()
+
+            return run
+
+        small, small_labels = self.images(model, 2), labels[:2]
+        with torch.no_grad(), self.autocast():
+            fixed_text = model.text_features()
+        image_flops_per_image = count_flops(step(True, small, small_labels, fixed_text)) / 2  # + warm-up
+        text_flops = {}
+        for key in STEP_OPTIONS if has_switch else ("off",):
+            whole = count_flops(step(key == "on", small, small_labels))
+            text_flops[key] = whole - 2 * image_flops_per_image
+        images = self.images(model, args.train_batch)
+        steps = {key: step(key == "on", images, labels) for key in text_flops}
+        timed = alternate(steps, self.device, self.memory, args.min_seconds, args.max_reps)
+        if has_switch:
+            model.shared_prefix_text = False
+        out = {"batch": args.train_batch, "image_flops_per_image": image_flops_per_image, "shared_switch": has_switch}
+        for key, t in timed.items():
+            flops = image_flops_per_image * args.train_batch + text_flops[key]
+            out[key] = {**t, "images_per_s": args.train_batch / t["median"], "flops_per_step": flops,
+                        "text_flops": text_flops[key], "flops_per_s": flops / t["median"]}
+        if "on" in out:
+            out["speedup"] = out["off"]["median"] / out["on"]["median"]
+        return out
+
+    # -- pseudo-labelling / evaluation forward at batch 256
+    def eval(self, name: str, n_classes: int) -> dict:
+        args, model = self.args, self.model(name, n_classes)
+        model.eval()
+        with torch.no_grad(), self.autocast():
+            text = model.text_features()  # once per pass
+
+        def forward(images: torch.Tensor, count: bool = False) -> Callable[[], None]:
+            # Counting runs with autograd on (the prompts require grad): without it nn.MultiheadAttention takes
+            # its fused fast path, whose projections FlopCounterMode does not see. Same math, same FLOPs.
+            def run() -> None:
+                with (torch.enable_grad() if count else torch.no_grad()), self.autocast():
+                    model.logits(model.image_features(images), text)
+
+            return run
+
+        forward(self.images(model, 2))()  # warm-up
+        flops_per_image = count_flops(forward(self.images(model, 2), count=True)) / 2
+        timed = alternate({"eval": forward(self.images(model, args.eval_batch))}, self.device, self.memory,
+                          args.min_seconds, args.max_reps)["eval"]
+        return {**timed, "batch": args.eval_batch, "images_per_s": args.eval_batch / timed["median"],
+                "flops_per_image": flops_per_image, "flops_per_s": flops_per_image * args.eval_batch / timed["median"]}
+
+    def floor_costs(self, name: str, n_classes: int, shared: bool) -> dict:
+        """Seconds per image at full batch, measured now (in the invocation that runs the rounds, under the
+        same load): a training step with the given text-tower setting, the prompted eval forward, and the
+        plain (zero-shot CLIP) image forward that round 0's refresh and the zero-shot evaluation use."""
+        key = (name, n_classes, shared)
+        if key in self._floor_costs:
+            return self._floor_costs[key]
+        args, model = self.args, self.model(name, n_classes)
+        has_switch = hasattr(model, "shared_prefix_text")
+        if has_switch:
+            model.shared_prefix_text = shared
+        labels = torch.randint(0, n_classes, (args.train_batch,), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad(), self.autocast():
+            text = model.text_features()
+
+        def train(images: torch.Tensor) -> Callable[[], None]:
+            def run() -> None:
+                model.zero_grad(set_to_none=True)
+                with self.autocast():
+                    loss = F.cross_entropy(model(images).float(), labels[: len(images)].to(self.device))
+                loss.backward()
+
+            return run
+
+        def forward(images: torch.Tensor, prompted: bool) -> Callable[[], None]:
+            def run() -> None:
+                with torch.no_grad(), self.autocast():
+                    model.logits(model.image_features(images, prompted=prompted), text)
+
+            return run
+
+        small = self.images(model, 2)
+        for warm in (train(small), forward(small, True), forward(small, False)):
+            warm()
+        train_images, eval_images = self.images(model, args.train_batch), self.images(model, args.eval_batch)
+        timed = alternate({"train": train(train_images), "eval": forward(eval_images, True),
+                           "eval_plain": forward(eval_images, False)}, self.device, self.memory, args.min_seconds,
+                          args.max_reps)
+        if has_switch:
+            model.shared_prefix_text = False
+        batch = {"train": args.train_batch, "eval": args.eval_batch, "eval_plain": args.eval_batch}
+        costs = {key: timed[key]["median"] / batch[key] for key in timed}
+        costs["train_setting"] = "on" if shared and has_switch else "off"
+        self._floor_costs[key] = costs
+        return costs
+
+    def bytes_sent(self, name: str, n_classes: int) -> dict:
+        model = self.model(name, n_classes)
+        prompt = model.visual_prompt.numel() * 4
+        return {"visual_prompt": prompt, "histograms": 2 * n_classes * 8, "refresh_round": prompt + 2 * n_classes * 8,
+                "other_round": prompt}
+
+
+# ---------------------------------------------------------------- whole rounds
+
+
+def run_round(bench: Bench, name: str, train_images: int, shared: bool, results: dict) -> dict:
+    """One `python -m fedur.main` run on generated shapes; its rounds against their compute floor."""
+    args = bench.args
+    classes = 10
+    per_class = max(1, train_images // classes)
+    workdir = Path(tempfile.mkdtemp(prefix="round-cost-"))
+    run_dir = workdir / "run"
+    cmd = [
+        sys.executable, "-m", "fedur.main", "--config", str(REPO / "tests" / "tiny.yaml"),
+        "--model.name", name, "--model.pretrained", "null", "--model.n_ctx", str(args.n_ctx),
+        "--model.visual_tokens", str(args.visual_tokens), "--model.shared_prefix_text", str(shared).lower(),
+        "--data.name", "synthetic", "--data.synthetic_classes", str(classes),
+        "--data.synthetic_train_per_class", str(per_class),
+        "--data.synthetic_test_per_class", str(max(1, per_class // 5)), "--data.num_workers", str(args.num_workers),
+        "--federation.num_clients", str(args.round_clients), "--federation.rounds", str(args.round_rounds),
+        "--federation.local_epochs", "1", "--federation.refresh_every", "1", "--federation.beta", "0.5",
+        "--optim.batch_size", str(args.train_batch), "--optim.eval_batch_size", str(args.eval_batch),
+        "--fabric.accelerator", bench.device.type, "--fabric.devices", "1",
+        "--fabric.precision", "bf16-mixed" if bench.bf16 else "32-true",
+        "--run.output_dir", str(run_dir), "--run.progress", "false",
+    ]
+    if bench.device.type != "cuda":
+        cmd += ["--run.threads", str(torch.get_num_threads())]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FEDUR_CACHE_DIR": str(workdir / "cache")}
+    # Per-image costs at full batch for the floor: same model, 10 classes, same text-tower setting, measured
+    # in this invocation (before its first run of this model and setting), so under the same load.
+    run = {"per_image_cost": bench.floor_costs(name, classes, shared)}
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    shown = " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]).replace(str(workdir), "$TMP").replace(str(REPO) + "/", "")
+    if done.returncode != 0:
+        return {**run, "command": shown, "error": (done.stdout[-1500:] + done.stderr[-1500:]).strip()}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    partition = json.loads((run_dir / "partition.json").read_text())
+    n_train = sum(map(sum, partition["train"]))
+    n_test = sum(map(sum, partition["test"]))
+
+    costs = run["per_image_cost"]
+    train_cost, eval_cost, plain_cost = costs["train"], costs["eval"], costs["eval_plain"]
+
+    rounds = []
+    for row in rows:
+        trained = sum(row["selected"])  # local_epochs = 1
+        refresh_cost = plain_cost if row["round"] == 0 else eval_cost  # round 0: zero-shot CLIP labels
+        floor = {
+            "refresh": n_train * refresh_cost if row.get("refreshed") else 0.0,
+            "train": trained * train_cost,
+            "aggregate": 0.0,
+            "evaluate": n_test * eval_cost,
+        }
+        rounds.append({
+            "round": row["round"], "round_seconds": row["round_seconds"], "phase_seconds": row.get("phase_seconds"),
+            "trained_images": trained, "refreshed": row.get("refreshed"), "floor": floor,
+            "floor_seconds": sum(floor.values()), "bytes_sent": row.get("bytes_sent"),
+        })
+    return {
+        "command": shown, "model": name, "classes": classes, "clients": args.round_clients, "train_images": n_train,
+        "test_images": n_test, "shared_prefix_text": shared, "process_wall_seconds": wall, "rounds": rounds,
+        "per_image_cost": costs,
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def mem(t: dict) -> str:
+    """peak (+ increase over what was held before the timed calls)."""
+    extra = f" (+{human_bytes(t['peak_bytes'] - t['baseline_bytes'])})" if "baseline_bytes" in t else ""
+    return human_bytes(t["peak_bytes"]) + extra
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f}" if seconds < 10 else f"{seconds * 1000:,.0f}"
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    peak = results.get("matmul", {})
+
+    def rate(entry: dict) -> float:  # the matmul rate measured by the invocation that measured the entry
+        return entry.get("matmul_flops_per_s") or peak["flops_per_s"]
+    rates = [inv["matmul_flops_per_s"] for inv in results["invocations"] if inv.get("matmul_flops_per_s")] or [
+        peak.get("flops_per_s", 0)]
+    lines = [
+        f"# Round cost: {m['device_name']}",
+        "",
+        "Command lines that produced this file (each added its parts; later ones replace the same entries):",
+        "",
+    ]
+    for inv in results["invocations"]:
+        lines.append(f"- `{inv['command']}`  ({inv['date']}, {inv['seconds']:.0f} s, load average "
+                     f"{inv['load_before']} -> {inv['load_after']})")
+    lines += [
+        "",
+        f"Machine: {m['device_name']}; torch {m['torch']}, {m['threads']} compute threads, precision "
+        f"{m['precision']}. Matmul rate ({peak.get('dtype')} {peak.get('n')}^3, best of several), measured by each "
+        f"invocation: {', '.join(f'{r / 1e9:,.1f}' for r in rates)} GFLOP/s; every % below is against the rate of the "
+        f"invocation that measured it. Random-init models, random images already on the device; "
+        f"prompts: n_ctx {m['n_ctx']}, {m['visual_tokens']} visual tokens in all blocks but the last. "
+        f"Medians of alternating repetitions; peak memory: {m['memory_kind']}, and in brackets its increase "
+        f"over what was held before the timed calls (model, inputs; on CPU also torch's own libraries).",
+        "",
+    ]
+    micro = results.get("micro", {})
+    keys = sorted(micro, key=lambda k: (k.split("|")[0], int(k.split("|")[1])))
+    text_rows = [(k, micro[k]["text"]) for k in keys if "text" in micro[k]]
+    if text_rows:
+        lines += [
+            "## Text tower per optimizer step (forward + backward)",
+            "",
+            "`off`: `encode_text_embeddings`, every class's full prompt; `on`: `encode_text_shared_prefix`, the start "
+            "token and context once, each class only its own tokens up to its EOT. Tokens: what the token-wise "
+            "layers process.",
+            "",
+            "| model | classes | prompt length | tokens off | tokens on | ms off | ms on | speed-up (paired) | GFLOP off | GFLOP on | reps |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for k, t in text_rows:
+            model, c = k.split("|")
+            lines.append(
+                f"| {model} | {c} | {t['length']} | {t['tokens_off']:,} | {t['tokens_on']:,} | {ms(t['off']['median'])} | "
+                f"{ms(t['on']['median'])} | x{t['speedup']:.2f} (x{t['paired_speedup']:.2f}) | "
+                f"{t['off']['flops'] / 1e9:,.2f} | {t['on']['flops'] / 1e9:,.2f} | {len(t['off']['seconds'])} |"
+            )
+        lines.append("")
+    train_rows = [(k, micro[k]["train"]) for k in keys if "train" in micro[k]]
+    if train_rows:
+        lines += [
+            "## Prompted training step (forward + backward, batch {})".format(train_rows[0][1]["batch"]),
+            "",
+            "`PromptedCLIP.forward` (deep visual prompts, text tower with the context), cross-entropy, backward to "
+            "both prompts; no optimizer step. FLOP rate: the step's counted FLOPs / its time, and as a share of the "
+            "matmul rate above.",
+            "",
+            "| model | classes | img/s text off | img/s text on | step speed-up | GFLOP / step (on) | GFLOP/s (on) | % of matmul rate | peak memory | reps |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for k, t in train_rows:
+            model, c = k.split("|")
+            on = t.get("on", t["off"])
+            lines.append(
+                f"| {model} | {c} | {t['off']['images_per_s']:,.1f} | "
+                f"{t['on']['images_per_s']:,.1f} | x{t.get('speedup', float('nan')):.2f} | "
+                f"{on['flops_per_step'] / 1e9:,.1f} | {on['flops_per_s'] / 1e9:,.1f} | "
+                f"{100 * on['flops_per_s'] / rate(t):.1f}% | {mem(on)} | "
+                f"{len(on['seconds'])} |"
+                if "on" in t else
+                f"| {model} | {c} | {t['off']['images_per_s']:,.1f} | (no switch) | | "
+                f"{on['flops_per_step'] / 1e9:,.1f} | {on['flops_per_s'] / 1e9:,.1f} | "
+                f"{100 * on['flops_per_s'] / rate(t):.1f}% | {mem(on)} | {len(on['seconds'])} |"
+            )
+        lines.append("")
+    eval_rows = [(k, micro[k]["eval"]) for k in keys if "eval" in micro[k]]
+    if eval_rows:
+        lines += [
+            "## Pseudo-labelling / evaluation forward (no grad, batch {})".format(eval_rows[0][1]["batch"]),
+            "",
+            "Prompted image features and logits; the text side computed once per pass (not timed).",
+            "",
+            "| model | classes | img/s | GFLOP / image | GFLOP/s | % of matmul rate | peak memory | reps |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for k, t in eval_rows:
+            model, c = k.split("|")
+            lines.append(
+                f"| {model} | {c} | {t['images_per_s']:,.1f} | {t['flops_per_image'] / 1e9:,.3f} | "
+                f"{t['flops_per_s'] / 1e9:,.1f} | {100 * t['flops_per_s'] / rate(t):.1f}% | "
+                f"{mem(t)} | {len(t['seconds'])} |"
+            )
+        lines.append("")
+    byte_rows = [(k, micro[k]["bytes"]) for k in keys if "bytes" in micro[k]]
+    if byte_rows:
+        lines += [
+            "## Bytes each client sends per round",
+            "",
+            "The visual prompt (float32) every round it trains; in a refresh round also its class histograms "
+            "(2 x C int64, cooperative selection). Text prompts stay on the client.",
+            "",
+            "| model | classes | visual prompt | + histograms (refresh round) |",
+            "| --- | --- | --- | --- |",
+        ]
+        for k, b in byte_rows:
+            model, c = k.split("|")
+            lines.append(f"| {model} | {c} | {b['visual_prompt']:,} B | {b['refresh_round']:,} B |")
+        lines.append("")
+    runs = results.get("round", {})
+    if runs:
+        lines += [
+            "## Whole rounds against their compute floor",
+            "",
+            "`python -m fedur.main` (command below; 10 generated-shape classes, 1 local epoch, a pseudo-label "
+            "refresh every round). Floor = images through the towers x the per-image cost at full batch, measured "
+            "by the same invocation just before the runs (10 classes, the run's text-tower setting): refresh: every "
+            "train image (round 0: zero-shot CLIP's plain image forward; later rounds: the prompted eval forward); "
+            f"train: the selected images x 1 epoch, training step at batch {results['machine']['train_batch']}; "
+            f"evaluate: every test image, prompted eval forward at batch {results['machine']['eval_batch']}. "
+            "Per phase: seconds measured / floor. Not in a round: process start, the image cache, the zero-shot "
+            "evaluation before round 0.",
+            "",
+            "| model | text shared | ms / image: training step | prompted eval forward | plain image forward |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for key in sorted(runs):
+            c = runs[key].get("per_image_cost")
+            if c:
+                lines.append(f"| {key.split('|')[0]} | {c['train_setting']} | {c['train'] * 1e3:,.3f} | "
+                             f"{c['eval'] * 1e3:,.3f} | {c.get('eval_plain', float('nan')) * 1e3:,.3f} |")
+        lines += [
+            "",
+            "| model | train / test images | clients | text shared | round | round s | floor s | floor / round | "
+            + " | ".join(PHASES) + " | bytes sent (all clients) | process s |",
+            "| --- " * (10 + len(PHASES)) + "|",
+        ]
+        for key in sorted(runs):
+            r = runs[key]
+            if "error" in r:
+                lines.append(f"| {key} | failed: see the JSON |" + " |" * (8 + len(PHASES)))
+                continue
+            for row in r["rounds"]:
+                ph = row.get("phase_seconds") or {}
+                cells = []
+                for phase in PHASES:
+                    actual, floor = ph.get(phase), row["floor"].get(phase, 0.0)
+                    cells.append("" if actual is None else f"{actual:.2f} / {floor:.2f}")
+                sent = sum(row["bytes_sent"]) if row.get("bytes_sent") else 0
+                lines.append(
+                    f"| {r['model']} | {r['train_images']} / {r['test_images']} | {r['clients']} | "
+                    f"{'on' if r['shared_prefix_text'] else 'off'} | {row['round']} | {row['round_seconds']:.2f} | "
+                    f"{row['floor_seconds']:.2f} | {100 * row['floor_seconds'] / row['round_seconds']:.1f}% | "
+                    + " | ".join(cells) + f" | {sent:,} | {r['process_wall_seconds']:.0f} |"
+                )
+        lines += ["", "Commands:", ""]
+        for key in sorted(runs):
+            lines.append(f"- `{runs[key]['command']}`")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                        help="auto: bf16 autocast on cuda, fp32 on cpu")
+    parser.add_argument("--models", default="ViT-B-32,fedur-tiny,fedur-demo")
+    parser.add_argument("--classes", default="10,100,200")
+    parser.add_argument("--parts", default="text,train,eval,bytes,round")
+    parser.add_argument("--eval-once", action="store_true",
+                        help="measure eval only at the largest class count (it barely depends on it) and reuse it")
+    parser.add_argument("--round-models", default=None, help="models of whole-round runs (default: --models)")
+    parser.add_argument("--round-images", default="500", help="train images of a whole-round run (list)")
+    parser.add_argument("--round-shared", default="off,on", help="text-tower settings of the whole-round runs")
+    parser.add_argument("--round-clients", type=int, default=10)
+    parser.add_argument("--round-rounds", type=int, default=2)
+    parser.add_argument("--n-ctx", type=int, default=16)
+    parser.add_argument("--visual-tokens", type=int, default=5)
+    parser.add_argument("--train-batch", type=int, default=64)
+    parser.add_argument("--eval-batch", type=int, default=256)
+    parser.add_argument("--num-workers", type=int, default=None, help="data.num_workers of the runs (cpu 0, cuda 2: fedur's default)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU compute threads, also the runs' run.threads (default on cpu: 1; on a machine shared "
+                             "with other jobs, multi-threaded small ops wait for descheduled threads)")
+    parser.add_argument("--min-seconds", type=float, default=None, help="time each setting at least this long")
+    parser.add_argument("--max-reps", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny models, short timings, a small run")
+    parser.add_argument("--merge", action="store_true", help="add to the results JSON already in --out")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "round_cost"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models = args.models if "--models" in (argv or sys.argv) else "fedur-tiny,fedur-demo"
+        args.classes = args.classes if "--classes" in (argv or sys.argv) else "10,100"
+        args.round_models = args.round_models or "fedur-tiny"
+        if "--round-images" not in (argv or sys.argv):
+            args.round_images = "100"
+        args.round_clients = min(args.round_clients, 4)
+        args.round_rounds = 1
+    if args.min_seconds is None:
+        args.min_seconds = 0.3 if args.quick else 2.0
+    if args.threads is None and not args.device.startswith("cuda"):
+        args.threads = 1
+    if args.num_workers is None:
+        args.num_workers = 2 if args.device.startswith("cuda") else 0  # fedur's default data.num_workers on GPU
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    bench = Bench(args)
+    device = bench.device
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = device.type + ("-quick" if args.quick else "")
+    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    results = json.loads(json_path.read_text()) if args.merge and json_path.exists() else {}
+    device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores")
+    results["machine"] = {
+        "device": str(device), "device_name": device_name, "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "precision": "bf16 autocast" if bench.bf16 else "fp32",
+        "n_ctx": args.n_ctx, "visual_tokens": args.visual_tokens, "train_batch": args.train_batch,
+        "eval_batch": args.eval_batch, "memory_kind": bench.memory.kind,
+    }
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO), *(argv or sys.argv[1:])])
+    invocation = {"command": command, "date": datetime.date.today().isoformat(),
+                  "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg())}
+    results.setdefault("invocations", []).append(invocation)
+    started = time.perf_counter()
+
+    def save() -> None:
+        invocation["seconds"] = time.perf_counter() - started
+        invocation["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        json_path.write_text(json.dumps(results, indent=1))
+        md_path.write_text(markdown(results))
+
+    results["matmul"] = matmul_rate(device, args.quick)
+    invocation["matmul_flops_per_s"] = results["matmul"]["flops_per_s"]
+    print(f"matmul rate: {results['matmul']['flops_per_s'] / 1e9:,.1f} GFLOP/s", flush=True)
+    parts = args.parts.split(",")
+    models = args.models.split(",") if args.models else []
+    classes = [int(c) for c in args.classes.split(",")]
+    for name in models:
+        for n_classes in classes:
+            entry = results.setdefault("micro", {}).setdefault(f"{name}|{n_classes}", {})
+            for part in ("text", "train", "eval", "bytes"):
+                if part not in parts:
+                    continue
+                if part == "eval" and args.eval_once and n_classes != max(classes):
+                    continue
+                tick = time.perf_counter()
+                entry[part] = getattr(bench, part if part != "bytes" else "bytes_sent")(name, n_classes)
+                entry[part]["matmul_flops_per_s"] = results["matmul"]["flops_per_s"]  # this invocation's
+                print(f"{name} {n_classes} classes {part}: {summary(part, entry[part])} "
+                      f"({time.perf_counter() - tick:.0f} s)", flush=True)
+                save()
+        if args.eval_once and "eval" in parts:
+            measured = results["micro"][f"{name}|{max(classes)}"]["eval"]
+            for n_classes in classes:
+                results["micro"][f"{name}|{n_classes}"].setdefault("eval", {**measured, "reused_from": max(classes)})
+            save()
+    if "round" in parts:
+        for name in (args.round_models or args.models).split(","):
+            for n_images in (int(n) for n in args.round_images.split(",")):
+                for setting in args.round_shared.split(","):
+                    tick = time.perf_counter()
+                    run = run_round(bench, name, n_images, setting == "on", results)
+                    results.setdefault("round", {})[f"{name}|{n_images}|{setting}"] = run
+                    if "error" in run:
+                        print(f"round {name} {n_images} images text {setting}: FAILED\n{run['error']}", flush=True)
+                    else:
+                        secs = [r["round_seconds"] for r in run["rounds"]]
+                        floors = [r["floor_seconds"] for r in run["rounds"]]
+                        print(f"round {name} {n_images} images text {setting}: round s {secs}, floor s "
+                              f"{[round(f, 3) for f in floors]} ({time.perf_counter() - tick:.0f} s)", flush=True)
+                    save()
+    save()
+    print(f"wrote {json_path} and {md_path}")
+
+
+def summary(part: str, r: dict) -> str:
+    if part == "text":
+        return f"{r['off']['median'] * 1e3:.1f} ms off, {r['on']['median'] * 1e3:.1f} ms on, x{r['speedup']:.2f}"
+    if part == "train":
+        on = r.get("on", {}).get("images_per_s", float("nan"))
+        return f"{r['off']['images_per_s']:.1f} img/s off, {on:.1f} img/s on"
+    if part == "eval":
+        return f"{r['images_per_s']:.1f} img/s"
+    return f"{r['refresh_round']} B in a refresh round"
+
+
+if __name__ == "__main__":
+    main()
