@@ -89,12 +89,10 @@ def validate(cfg: Config, env: LaunchEnv) -> None:
         method = build_method(cfg.method)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    visual = cfg.model.visual_tokens if "visual" in method.prompts else 0
-    if method.trains and cfg.model.n_ctx + visual == 0:
+    if method.trains and cfg.model.n_ctx + method.visual_tokens(cfg.model.visual_tokens) == 0:
         raise ConfigError(f"nothing to train: method.name={method.name} has no prompt with model.n_ctx={cfg.model.n_ctx} "
                           f"and model.visual_tokens={cfg.model.visual_tokens}")
-    labeller = cfg.method.labeller if cfg.method.labeller != "auto" else method.default_labeller
-    if labeller == "cpl" and (cfg.labels.negatives not in ("auto", "none") or cfg.labels.class_weights not in ("auto", "none")):
+    if method.labeller == "cpl" and (cfg.labels.negatives not in ("auto", "none") or cfg.labels.class_weights not in ("auto", "none")):
         raise ConfigError("method.labeller=cpl trains on candidate sets with its own loss: labels.negatives and "
                           "labels.class_weights must be auto or none")
     if cfg.optim.optimizer_state == "shared" and env.expected_world_size(cfg.fabric) > 1:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fedur.config import LabelsConfig
-from fedur.labels.base import Labeller, Selection
+from fedur.labels.base import Labeller, PseudoLabels
 from fedur.labels.copl import CoDPL, CoPL
 from fedur.labels.cpl import CPL
 from fedur.labels.fpl import FPL
@@ -15,4 +15,4 @@ def build_labeller(name: str, cfg: LabelsConfig, dataset: str | None = None) -> 
     return LABELLERS[name](cfg, dataset)
 
 
-__all__ = ["LABELLERS", "Labeller", "Selection", "build_labeller"]
+__all__ = ["LABELLERS", "Labeller", "PseudoLabels", "build_labeller"]

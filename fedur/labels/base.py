@@ -19,8 +19,8 @@ from fedur.train.losses import negative_loss, positive_loss
 
 
 @dataclass(frozen=True)
-class Selection:
-    """A client's pseudo-labelled training samples."""
+class PseudoLabels:
+    """A client's pseudo-labelled training samples, kept (and checkpointed) until the next refresh."""
 
     indices: Tensor  # (n,) positions in the client's train images, ascending
     labels: Tensor  # (n,) hard pseudo-labels (argmax, or argmax within the candidate set)
@@ -60,12 +60,12 @@ class Labeller:
         """(indices, labels) of the client's training samples from its (n, C) probabilities."""
         raise NotImplementedError
 
-    def select(self, probs: Tensor, quotas: Tensor | None = None) -> Selection:
+    def select(self, probs: Tensor, quotas: Tensor | None = None) -> PseudoLabels:
         indices, labels = self.choose(probs, quotas)
         mask = negative_mask(probs[indices], labels, self.negatives, self.tau_neg)
         if mask is None:  # rules 'online' and 'none' store nothing
             mask = torch.zeros(len(indices), probs.shape[1], dtype=torch.bool)
-        return Selection(indices, labels, mask)
+        return PseudoLabels(indices, labels, mask)
 
     def loss(self, logits: Tensor, labels: Tensor, mask: Tensor, class_weights: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """(loss, positive part, negative part) of a batch: L_pos + lambda * L_neg (FedUR sec. 3.4)."""

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from fedur.config import LabelsConfig
-from fedur.labels.base import Labeller, Selection
+from fedur.labels.base import Labeller, PseudoLabels
 
 EPS = 1e-7  # the reference's threshold on renormalised candidate weights (`> 1e-7` everywhere)
 
@@ -212,7 +212,7 @@ class CPL(Labeller):
     """CPL per client: candidate sets at the dataset's (alpha, beta) (or `labels.cpl_quantiles`), at most
     `labels.cpl_per_class` samples per class pool, trained with the 'cc' loss on the candidate sets.
 
-    The Selection's mask is the candidate set and its labels the argmax within it. Class weights and
+    The mask is the candidate set and its labels the argmax within it. Class weights and
     negative pseudo-labels do not apply to the cc loss and are ignored.
     """
 
@@ -225,13 +225,9 @@ class CPL(Labeller):
     def describe(self) -> str:
         return f"{self.name} (alpha {self.alpha}, beta {self.beta}, {self.cfg.cpl_per_class} per class, cc loss)"
 
-    def select(self, probs: Tensor, quotas: Tensor | None = None) -> Selection:
+    def select(self, probs: Tensor, quotas: Tensor | None = None) -> PseudoLabels:
         candidates = candidate_sets(probs.float(), self.alpha, self.beta)
-        return Selection(*cpl_select(probs.float(), candidates, self.cfg.cpl_per_class))
-
-    def choose(self, probs: Tensor, quotas: Tensor | None) -> tuple[Tensor, Tensor]:
-        selection = self.select(probs, quotas)
-        return selection.indices, selection.labels
+        return PseudoLabels(*cpl_select(probs.float(), candidates, self.cfg.cpl_per_class))
 
     def loss(
         self, logits: Tensor, labels: Tensor, mask: Tensor, class_weights: Tensor | None

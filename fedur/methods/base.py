@@ -49,6 +49,15 @@ class Method:
             self.shared = wanted
 
     @property
+    def labeller(self) -> str:
+        """The pseudo-labeller's name: `method.labeller`, or this method's own for 'auto'."""
+        return self.default_labeller if self.cfg.labeller == "auto" else self.cfg.labeller
+
+    def visual_tokens(self, configured: int) -> int:
+        """Visual prompt tokens of the model: `model.visual_tokens`, or 0 for a method without a visual prompt."""
+        return configured if "visual" in self.prompts else 0
+
+    @property
     def local_text(self) -> bool:
         """Whether the model needs a second (local) text context."""
         return "text_local" in self.prompts

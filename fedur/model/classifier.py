@@ -12,16 +12,13 @@ from fedur.model.clip import FrozenCLIP, encode_image_prompted, encode_text_embe
 from fedur.model.prompts import TextPrompt, init_prompt
 
 
-PROMPTS = ("visual", "text_ctx", "text_local")  # the prompt slots a client may hold, by name
-
-
 class PromptedCLIP(nn.Module):
     """A frozen CLIP plus a text context (`text_prompt.ctx`), deep visual prompts (`visual_prompt`) and,
     with `local_text=True`, a second text context (`text_local`; FedOTP's local prompt).
 
     Only the prompt tensors are trainable. The federated loop swaps client state in and out of
-    them by name ("visual", "text_ctx", "text_local") with `load_prompts` / `prompts`. `normalize` is applied to every image batch first: the
-    identity for normalised float images, or the cache's uint8 -> float step (data/cache.py), which
+    them by name ("visual", "text_ctx", "text_local") with `load_prompts` / `prompts`. `normalize` is
+    applied to every image batch first: the identity for normalised float images, or the cache's uint8 -> float step (data/cache.py), which
     then runs on the device instead of per sample in the loader.
     """
 

@@ -12,19 +12,11 @@ from torch import Tensor
 
 from fedur.data.loaders import ClientImages, make_loader
 from fedur.federated.streams import client_generator
+from fedur.labels.base import PseudoLabels
 from fedur.train.checkpoint import CheckpointError
 
 if TYPE_CHECKING:
     from fedur.train.rank import Rank
-
-
-@dataclass
-class PseudoLabels:
-    """A client's selected training set until the next refresh (a labeller's `Selection`, stored)."""
-
-    indices: Tensor  # (n_sel,) positions in the client's train indices
-    labels: Tensor  # (n_sel,) hard pseudo-labels
-    mask: Tensor  # (n_sel, C) bool: the labeller's per-sample class mask (negative labels, or CPL's candidates)
 
 
 @dataclass

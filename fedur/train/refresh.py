@@ -12,7 +12,6 @@ from torch import Tensor
 
 from fedur.federated.selection import class_weights
 from fedur.labels.base import Labeller
-from fedur.train.client import PseudoLabels
 
 if TYPE_CHECKING:
     from fedur.train.rank import Rank
@@ -49,8 +48,7 @@ def refresh_pseudo_labels(rank: "Rank", zero_shot: bool, refresh_idx: int, label
     local = {}
     for client in rank.clients:
         p, truth = probs[client.client_id], predictions[client.client_id][1]
-        chosen = labeller.select(p, None if quotas is None else quotas[client.client_id])
-        client.pseudo_labels = PseudoLabels(chosen.indices, chosen.labels, chosen.mask)
+        client.pseudo_labels = chosen = labeller.select(p, None if quotas is None else quotas[client.client_id])
         rank.method.after_refresh(rank, client)
         hits = int((chosen.labels == truth[chosen.indices]).sum())
         counts = torch.bincount(chosen.labels, minlength=num_classes)

@@ -32,7 +32,7 @@ def setup(
     same pure function on every rank); and the images left out as unreadable (data.corrupt_images: skip)."""
     d, fed, optim = cfg.data, cfg.federation, cfg.optim
     method = build_method(cfg.method)
-    labeller = build_labeller(cfg.method.labeller if cfg.method.labeller != "auto" else method.default_labeller, cfg.labels, d.name)
+    labeller = build_labeller(method.labeller, cfg.labels, d.name)
     with fabric.rank_zero_first():  # rank 0 downloads and decodes, the others then read its copy
         torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
         clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
@@ -49,9 +49,8 @@ def setup(
         clients_per_domain=fed.clients_per_domain, seed=fed.partition_seed, min_train=fed.min_train_per_client,
         dataset=d.name,
     )
-    visual_tokens = cfg.model.visual_tokens if "visual" in method.prompts else 0  # methods without a visual prompt
     model = PromptedCLIP(
-        clip, dataset.classnames, cfg.model.n_ctx, visual_tokens, cfg.model.visual_depth, cfg.model.ctx_init_std,
+        clip, dataset.classnames, cfg.model.n_ctx, method.visual_tokens(cfg.model.visual_tokens), cfg.model.visual_depth, cfg.model.ctx_init_std,
         cfg.run.seed, local_text=method.local_text,
     )
     model.shared_prefix_text = cfg.model.shared_prefix_text
