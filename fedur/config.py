@@ -212,8 +212,9 @@ class LabelsConfig:
     cpl_quantiles: tuple[OpenUnitInterval, OpenUnitInterval] | None = None
     """cpl: (alpha, beta) quantiles of the intra- and inter-instance candidate rules; null: the dataset's
     value from CPL's scripts ((0.75, 0.95) where they give none)."""
-    cpl_per_class: PositiveInt = 16
-    """cpl: pseudo-labelled samples per class and client."""
+    cpl_per_class: PositiveInt | Literal["grip"] = 16
+    """cpl: pseudo-labelled samples per class and client; grip: CPL's growing pools, K = (t + 1) * 10% (20% for
+    CUB) of the client's images / C at refresh t (at least 1), each class capped by its previous fill."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from .conftest import assert_same_results, free_port, read_rounds, run_ok
 # Each method once, and each labeller at least once beside a method that is not its own.
 CASES = {
     "promptfl-fpl": ["--method.name", "promptfl"],
-    "promptprox-cpl": ["--method.name", "promptprox", "--method.labeller", "cpl"],
+    "promptprox-cpl": ["--method.name", "promptprox", "--method.labeller", "cpl", "--labels.cpl_per_class", "grip"],
     "pfedprompt-copl": ["--method.name", "pfedprompt", "--method.labeller", "copl"],
     "fedotp-codpl": ["--method.name", "fedotp", "--method.labeller", "codpl"],
     "zeroshot": ["--method.name", "zeroshot"],
@@ -67,6 +67,9 @@ def test_cpl_trains_on_candidate_sets(runs):
     state = torch.load(next((runs / "promptprox-cpl-2" / "checkpoints").glob("round_*/client_000.pt")), weights_only=True)
     mask, labels = state["pseudo_labels"]["mask"], state["pseudo_labels"]["labels"]
     assert bool(mask[torch.arange(len(labels)), labels].all())  # the label is in its candidate set
+    # GRIP's pools at the first refresh: K = max(1, int(int(n_k / 10) / C)) per class (C = 5)
+    pools, n_k = state["pseudo_labels"]["pools"], len(state["train_indices"])
+    assert len(pools) == len(labels) and torch.bincount(pools).max() <= max(1, n_k // 10 // 5) < 16
 
 
 def test_pfedprompt_keeps_a_cache_of_its_pseudo_labelled_features(runs):

@@ -25,6 +25,7 @@ class PseudoLabels:
     indices: Tensor  # (n,) positions in the client's train images, ascending
     labels: Tensor  # (n,) hard pseudo-labels (argmax, or argmax within the candidate set)
     mask: Tensor  # (n, C) bool per-sample class mask the loss reads: negative labels, or CPL's candidate set
+    pools: Tensor | None = None  # (n,) cpl: the class pool each sample filled (GRIP's next caps read them)
 
 
 class Labeller:
@@ -60,7 +61,10 @@ class Labeller:
         """(indices, labels) of the client's training samples from its (n, C) probabilities."""
         raise NotImplementedError
 
-    def select(self, probs: Tensor, quotas: Tensor | None = None) -> PseudoLabels:
+    def select(self, probs: Tensor, quotas: Tensor | None = None, refresh_idx: int = 0,
+               previous: PseudoLabels | None = None) -> PseudoLabels:
+        """The client's pseudo-labels at refresh `refresh_idx` (0-based), given what it selected at the one
+        before (`previous`; None at the first). Only schedules that grow with the refreshes read the last two."""
         indices, labels = self.choose(probs, quotas)
         mask = negative_mask(probs[indices], labels, self.negatives, self.tau_neg)
         if mask is None:  # rules 'online' and 'none' store nothing

@@ -8,12 +8,13 @@ Zhang et al., ICML 2024, `vanillaer/CPL-ICML2024`:
   called as in `methods/unsupervised_learning_new/textual_PL.py::_create_training_dataset`;
 - loss: `utils/loss.py::PLL_loss.forward_cc` (the scripts' `loss_types=('cc')`).
 
-Per-refresh K. CPL's `textual_fpl` setting selects N_PSEUDOSHOTS = 16 per class once; its `grip_textual`
-setting grows K at every iteration (`training_strategies.py::grip_train`, `grip_per_class` here) and caps
-each class's pool by its previous fill (`select_topk_for_eachcls` step 2, `cpl_pool_caps` here). `cpl_select`
-takes `per_class` as an int or a (C,) tensor of caps, so either schedule fits; the default is the fixed
-16 per class and client (the `textual_fpl` setting, as for FPL). For a GRIP-like federated run, use at
-refresh t: `cpl_pool_caps(previous fill, grip_per_class(n_k, C, t, step_quantile))`.
+Per-refresh K (`labels.cpl_per_class`). CPL's `textual_fpl` setting selects N_PSEUDOSHOTS = 16 per class
+once: an integer here, the default, as for FPL. Its `grip_textual` setting grows K at every iteration
+(`training_strategies.py::grip_train`) and caps each class's pool by its previous fill
+(`select_topk_for_eachcls` step 2): `grip` here, with the refreshes as GRIP's iterations. At refresh t a
+client's K is `grip_per_class(n_k, C, t, step)` over its own n_k images, and each pool's capacity
+`cpl_pool_caps(previous fill, K)`. [guess] K is at least 1: a client's n_k is a tenth of CPL's n, and the
+formula gives 0 at the first refresh wherever n_k / 10 < C (DTD with 10 clients: 37 / 47).
 """
 
 from __future__ import annotations
@@ -182,19 +183,21 @@ def cpl_assign(probs: Tensor, candidates: Tensor, per_class: int | Tensor = 16) 
     return torch.tensor(assigned, dtype=torch.long)
 
 
-def cpl_select(probs: Tensor, candidates: Tensor, per_class: int | Tensor = 16) -> tuple[Tensor, Tensor, Tensor]:
-    """(indices, labels, candidates) of the samples CPL trains on (`select_topk_for_eachcls`).
+def cpl_select(probs: Tensor, candidates: Tensor, per_class: int | Tensor = 16) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(indices, labels, candidates, pools) of the samples CPL trains on (`select_topk_for_eachcls`).
 
     probs (n, C), candidates (n, C) bool from `candidate_sets`, per_class an int or (C,) pool capacities.
-    Returns (m,) int64 indices ascending, (m,) int64 labels and their (m, C) bool candidate sets.
+    Returns (m,) int64 indices ascending, (m,) int64 labels, their (m, C) bool candidate sets and (m,)
+    int64 the pool each filled.
     The label is the argmax of p within the candidate set (what the trainer would predict from S(x)); the
     class whose pool the sample filled (`cpl_assign`) is a lower candidate when the sample was displaced
     from the pools of its better candidates. The loss only reads the candidate set.
     """
-    indices = torch.nonzero(cpl_assign(probs, candidates, per_class) >= 0).flatten()
+    pools = cpl_assign(probs, candidates, per_class)
+    indices = torch.nonzero(pools >= 0).flatten()
     chosen = candidates[indices].bool()
     masked = torch.where(chosen, probs[indices], torch.full_like(probs[indices], -1.0))
-    return indices, masked.argmax(dim=1), chosen
+    return indices, masked.argmax(dim=1), chosen, pools[indices]
 
 
 def cc_loss(logits: Tensor, candidates: Tensor) -> Tensor:
@@ -210,7 +213,8 @@ def cc_loss(logits: Tensor, candidates: Tensor) -> Tensor:
 
 class CPL(Labeller):
     """CPL per client: candidate sets at the dataset's (alpha, beta) (or `labels.cpl_quantiles`), at most
-    `labels.cpl_per_class` samples per class pool, trained with the 'cc' loss on the candidate sets.
+    `labels.cpl_per_class` samples per class pool (or GRIP's growing pools), trained with the 'cc' loss on the
+    candidate sets.
 
     The mask is the candidate set and its labels the argmax within it. Class weights and
     negative pseudo-labels do not apply to the cc loss and are ignored.
@@ -221,13 +225,28 @@ class CPL(Labeller):
     def __init__(self, cfg: LabelsConfig, dataset: str | None = None) -> None:
         super().__init__(cfg, dataset)
         self.alpha, self.beta = cfg.cpl_quantiles if cfg.cpl_quantiles is not None else cpl_quantiles(dataset or "")
+        self.step_quantile = cpl_step_quantile(dataset or "")
 
     def describe(self) -> str:
-        return f"{self.name} (alpha {self.alpha}, beta {self.beta}, {self.cfg.cpl_per_class} per class, cc loss)"
+        per_class = (f"GRIP pools growing {self.step_quantile}% of the data per refresh" if self.cfg.cpl_per_class == "grip"
+                     else f"{self.cfg.cpl_per_class} per class")
+        return f"{self.name} (alpha {self.alpha}, beta {self.beta}, {per_class}, cc loss)"
 
-    def select(self, probs: Tensor, quotas: Tensor | None = None) -> PseudoLabels:
+    def pool_sizes(self, probs: Tensor, refresh_idx: int, previous: PseudoLabels | None) -> int | Tensor:
+        """Each class pool's capacity at this refresh: `labels.cpl_per_class`, or GRIP's."""
+        if self.cfg.cpl_per_class != "grip":
+            return self.cfg.cpl_per_class
+        n, num_classes = probs.shape
+        k_max = max(1, grip_per_class(n, num_classes, refresh_idx, self.step_quantile))
+        filled = torch.zeros(num_classes, dtype=torch.long)
+        if previous is not None and previous.pools is not None:
+            filled = torch.bincount(previous.pools, minlength=num_classes)
+        return cpl_pool_caps(filled, max(k_max, int(filled.max())))
+
+    def select(self, probs: Tensor, quotas: Tensor | None = None, refresh_idx: int = 0,
+               previous: PseudoLabels | None = None) -> PseudoLabels:
         candidates = candidate_sets(probs.float(), self.alpha, self.beta)
-        return PseudoLabels(*cpl_select(probs.float(), candidates, self.cfg.cpl_per_class))
+        return PseudoLabels(*cpl_select(probs.float(), candidates, self.pool_sizes(probs, refresh_idx, previous)))
 
     def loss(
         self, logits: Tensor, labels: Tensor, mask: Tensor, class_weights: Tensor | None

@@ -48,7 +48,9 @@ def refresh_pseudo_labels(rank: "Rank", zero_shot: bool, refresh_idx: int, label
     local = {}
     for client in rank.clients:
         p, truth = probs[client.client_id], predictions[client.client_id][1]
-        client.pseudo_labels = chosen = labeller.select(p, None if quotas is None else quotas[client.client_id])
+        client.pseudo_labels = chosen = labeller.select(
+            p, None if quotas is None else quotas[client.client_id], refresh_idx, previous=client.pseudo_labels
+        )
         rank.method.after_refresh(rank, client)
         hits = int((chosen.labels == truth[chosen.indices]).sum())
         counts = torch.bincount(chosen.labels, minlength=num_classes)

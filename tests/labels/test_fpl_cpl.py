@@ -169,9 +169,10 @@ def test_cpl_pools_defer_displaced_samples_to_their_next_candidate():
     # round 1: 0 and 1 propose to pool 0 (1 is surer, 0 is evicted); 2 fills pool 1 (uncertainty .75)
     # round 2: 0 proposes to pool 1 with uncertainty .6 < .75 and evicts 2, which has no candidate left
     assert cpl_assign(SEL_PROBS, SEL_CANDS, per_class=1).tolist() == [1, 0, -1, -1]
-    indices, labels, cands = cpl_select(SEL_PROBS, SEL_CANDS, per_class=1)
+    indices, labels, cands, pools = cpl_select(SEL_PROBS, SEL_CANDS, per_class=1)
     assert indices.tolist() == [0, 1]
     assert labels.tolist() == [0, 0]  # argmax within the set: sample 0 is labelled 0 though it filled pool 1
+    assert pools.tolist() == [1, 0]
     assert cands.tolist() == [[True, True], [True, True]]
 
 
@@ -211,7 +212,7 @@ def test_cpl_with_argmax_singletons_matches_fpl_without_ties():
         [0.20, 0.20, 0.60],
     ])
     singletons = F.one_hot(probs.argmax(dim=1), 3).bool()
-    indices, labels, _ = cpl_select(probs, singletons, per_class=2)
+    indices, labels, _, _ = cpl_select(probs, singletons, per_class=2)
     expected = fpl_select(probs, per_class=2)
     assert indices.tolist() == expected[0].tolist() == [0, 1, 3, 4, 5]
     assert labels.tolist() == expected[1].tolist()
@@ -226,6 +227,26 @@ def test_grip_schedule_and_pool_caps():
     assert cpl_pool_caps(torch.tensor([3, 16, 0]), 32).tolist() == [19, 32, 16]
     with pytest.raises(ValueError):
         cpl_pool_caps(torch.tensor([20, 0]), 16)
+
+
+def test_cpl_grip_pools_grow_per_refresh_from_the_previous_fill():
+    # 40 samples, 2 classes: 30 of class 0 (p .9 down to .61), 10 of class 1 (p .7 up to .9)
+    p0 = torch.cat([torch.linspace(0.9, 0.61, 30), torch.linspace(0.3, 0.1, 10)])
+    probs = torch.stack([p0, 1 - p0], dim=1)
+    labeller = CPL(LabelsConfig(cpl_quantiles=(0.5, 0.01), cpl_per_class="grip"), "cifar10")
+    assert labeller.step_quantile == 10
+    first = labeller.select(probs, refresh_idx=0)  # K = int(1 * int(40 / 10) / 2) = 2 per pool
+    assert first.indices.tolist() == [0, 1, 38, 39] and first.pools.tolist() == [0, 0, 1, 1]
+    # refresh 2 (t = 2): K = int(3 * 4 / 2) = 6; both pools filled 2 last time, so each grows by 6 - 2 = 4
+    third = labeller.select(probs, refresh_idx=2, previous=first)
+    assert torch.bincount(third.pools).tolist() == [6, 6]
+    # a pool that filled less grows by the same increment: last fill (2, 0) at K 6 gives caps (6, 4)
+    lopsided = type(first)(first.indices[:2], first.labels[:2], first.mask[:2], first.pools[:2])
+    assert labeller.pool_sizes(probs, 2, lopsided).tolist() == [6, 4]
+    # K is at least 1 where the formula gives 0 (n / 10 < C), and a fixed K ignores the refresh
+    assert labeller.pool_sizes(probs[:15], 0, None).tolist() == [1, 1]
+    assert CPL(LabelsConfig(cpl_per_class=3), "cifar10").pool_sizes(probs, 5, first) == 3
+    assert CPL(LabelsConfig(cpl_per_class="grip"), "cub").step_quantile == 20
 
 
 # ---------------------------------------------------------------- cc loss
