@@ -57,7 +57,7 @@ class PromptedCLIP(nn.Module):
         self.text_prompt.ctx.requires_grad_(n_ctx > 0)
         self.visual_prompt.requires_grad_(visual_tokens > 0)
         self.text_local = nn.Parameter(init_prompt((n_ctx, text_width), init_std, seed=seed * 1000 + 3)) if local_text else None
-        self.shared_prefix_text = False  # text tower: encode the class-independent prefix once (exact)
+        self.shared_prefix_text = True  # text tower: encode the class-independent prefix once (exact)
         self.normalize: Callable[[Tensor], Tensor] = _identity
 
     def train(self, mode: bool = True) -> "PromptedCLIP":
