@@ -79,7 +79,7 @@ def main() -> None:
         f"| FedOTP's unbalanced OT over the patch tokens (both prompts = the template) | {acc['fedotp_ot']:.2f}% |\n\n"
         f"Mean cosine between a patch token and its image's class token: {result['mean_cosine_patch_to_class_token']}; "
         f"logit scale {result['logit_scale']}. tiny-clip was trained on its class token only, so its patch tokens are "
-        "not aligned with text: FedOTP, which classifies from them, starts near a third of the class token's accuracy.\n"
+        "not aligned with text: FedOTP, which classifies from them, starts at about half the class token's accuracy.\n"
     )
     print(json.dumps(result, indent=2))
 
