@@ -46,6 +46,7 @@ import os
 import platform
 import re
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -373,15 +374,24 @@ class Bench:
 # ---------------------------------------------------------------- whole rounds
 
 
-def run_round(bench: Bench, name: str, train_images: int, shared: bool, results: dict) -> dict:
-    """One `python -m fedur.main` run on generated shapes; its rounds against their compute floor."""
+def run_round(bench: Bench, name: str, train_images: int, shared: bool, results: dict, ranks: int = 1) -> dict:
+    """One `python -m fedur.main` run on generated shapes (under `fabric run --devices ranks` for several ranks);
+    its rounds against their compute floor."""
     args = bench.args
     classes = 10
     per_class = max(1, train_images // classes)
     workdir = Path(tempfile.mkdtemp(prefix="round-cost-"))
     run_dir = workdir / "run"
+    if ranks == 1:
+        head = [sys.executable, "-m", "fedur.main"]
+    else:
+        with socket.socket() as sock:  # a free port for the ranks' rendezvous
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        head = [str(Path(sys.executable).parent / "fabric"), "run", "--accelerator", bench.device.type,
+                "--devices", str(ranks), "--main-port", str(port), str(REPO / "fedur" / "main.py")]
     cmd = [
-        sys.executable, "-m", "fedur.main", "--config", str(REPO / "tests" / "tiny.yaml"),
+        *head, "--config", str(REPO / "tests" / "tiny.yaml"),
         "--model.name", name, "--model.pretrained", "null", "--model.n_ctx", str(args.n_ctx),
         "--model.visual_tokens", str(args.visual_tokens), "--model.shared_prefix_text", str(shared).lower(),
         "--data.name", "synthetic", "--data.synthetic_classes", str(classes),
@@ -390,7 +400,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         "--federation.num_clients", str(args.round_clients), "--federation.rounds", str(args.round_rounds),
         "--federation.local_epochs", "1", "--federation.refresh_every", "1", "--federation.beta", "0.5",
         "--optim.batch_size", str(args.train_batch), "--optim.eval_batch_size", str(args.eval_batch),
-        "--fabric.accelerator", bench.device.type, "--fabric.devices", "1",
+        "--fabric.accelerator", bench.device.type, "--fabric.devices", str(ranks),
         "--fabric.precision", "bf16-mixed" if bench.bf16 else "32-true",
         "--run.output_dir", str(run_dir), "--run.progress", "false",
     ]
@@ -403,7 +413,8 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
-    shown = " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]).replace(str(workdir), "$TMP").replace(str(REPO) + "/", "")
+    shown_cmd = ["python", *cmd[1:]] if ranks == 1 else ["fabric", *cmd[1:]]
+    shown = " ".join(shlex.quote(c) for c in shown_cmd).replace(str(workdir), "$TMP").replace(str(REPO) + "/", "")
     if done.returncode != 0:
         return {**run, "command": shown, "error": (done.stdout[-1500:] + done.stderr[-1500:]).strip()}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -431,7 +442,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         })
     return {
         "command": shown, "model": name, "classes": classes, "clients": args.round_clients, "train_images": n_train,
-        "test_images": n_test, "shared_prefix_text": shared, "process_wall_seconds": wall, "rounds": rounds,
+        "test_images": n_test, "shared_prefix_text": shared, "ranks": ranks, "process_wall_seconds": wall, "rounds": rounds,
         "per_image_cost": costs,
     }
 
@@ -591,14 +602,14 @@ def markdown(results: dict) -> str:
                              f"{c['eval'] * 1e3:,.3f} | {c.get('eval_plain', float('nan')) * 1e3:,.3f} |")
         lines += [
             "",
-            "| model | train / test images | clients | text shared | round | round s | floor s | floor / round | "
+            "| model | train / test images | clients | ranks | text shared | round | round s | floor s (1 rank) | floor / round | "
             + " | ".join(PHASES) + " | bytes sent (all clients) | process s |",
-            "| --- " * (10 + len(PHASES)) + "|",
+            "| --- " * (11 + len(PHASES)) + "|",
         ]
         for key in sorted(runs):
             r = runs[key]
             if "error" in r:
-                lines.append(f"| {key} | failed: see the JSON |" + " |" * (8 + len(PHASES)))
+                lines.append(f"| {key} | failed: see the JSON |" + " |" * (9 + len(PHASES)))
                 continue
             for row in r["rounds"]:
                 ph = row.get("phase_seconds") or {}
@@ -608,16 +619,47 @@ def markdown(results: dict) -> str:
                     cells.append("" if actual is None else f"{actual:.2f} / {floor:.2f}")
                 sent = sum(row["bytes_sent"]) if row.get("bytes_sent") else 0
                 lines.append(
-                    f"| {r['model']} | {r['train_images']} / {r['test_images']} | {r['clients']} | "
+                    f"| {r['model']} | {r['train_images']} / {r['test_images']} | {r['clients']} | {r.get('ranks', 1)} | "
                     f"{'on' if r['shared_prefix_text'] else 'off'} | {row['round']} | {row['round_seconds']:.2f} | "
                     f"{row['floor_seconds']:.2f} | {100 * row['floor_seconds'] / row['round_seconds']:.1f}% | "
                     + " | ".join(cells) + f" | {sent:,} | {r['process_wall_seconds']:.0f} |"
                 )
+        lines += placement_table(runs)
         lines += ["", "Commands:", ""]
         for key in sorted(runs):
             lines.append(f"- `{runs[key]['command']}`")
         lines.append("")
     return "\n".join(lines)
+
+
+def placement_table(runs: dict) -> list[str]:
+    """The same run on 1 and on several ranks: the mean round time and its speed-up against K/W."""
+    lines = []
+    for key in sorted(runs):
+        r = runs[key]
+        if r.get("ranks", 1) == 1 or "error" in r:
+            continue
+        base = runs.get("|".join(key.split("|")[:3]))
+        if base is None or "error" in base:
+            continue
+        if not lines:
+            lines += [
+                "",
+                "### Clients placed on several ranks",
+                "",
+                "The same run (same clients, data and settings; results identical by fedur's placement tests) on 1 "
+                "rank and on W ranks, one compute thread each. Ideal: the slowest rank's share of the clients, "
+                "ceil(K / W) of K.",
+                "",
+                "| model | clients K | ranks W | text shared | mean round s, 1 rank | mean round s, W ranks | speed-up | ideal |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            ]
+        one = sum(row["round_seconds"] for row in base["rounds"]) / len(base["rounds"])
+        many = sum(row["round_seconds"] for row in r["rounds"]) / len(r["rounds"])
+        k, w = r["clients"], r["ranks"]
+        lines.append(f"| {r['model']} | {k} | {w} | {'on' if r['shared_prefix_text'] else 'off'} | {one:.2f} | "
+                     f"{many:.2f} | x{one / many:.2f} | x{k / -(-k // w):.2f} |")
+    return lines
 
 
 # ---------------------------------------------------------------- main
@@ -637,6 +679,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--round-images", default="500", help="train images of a whole-round run (list)")
     parser.add_argument("--round-shared", default="off,on", help="text-tower settings of the whole-round runs")
     parser.add_argument("--round-clients", type=int, default=10)
+    parser.add_argument("--round-ranks", default="1", help="ranks of the whole-round runs (list; >1 under fabric run)")
     parser.add_argument("--round-rounds", type=int, default=2)
     parser.add_argument("--n-ctx", type=int, default=16)
     parser.add_argument("--visual-tokens", type=int, default=5)
@@ -730,17 +773,20 @@ def main(argv: list[str] | None = None) -> None:
         for name in (args.round_models or args.models).split(","):
             for n_images in (int(n) for n in args.round_images.split(",")):
                 for setting in args.round_shared.split(","):
-                    tick = time.perf_counter()
-                    run = run_round(bench, name, n_images, setting == "on", results)
-                    results.setdefault("round", {})[f"{name}|{n_images}|{setting}"] = run
-                    if "error" in run:
-                        print(f"round {name} {n_images} images text {setting}: FAILED\n{run['error']}", flush=True)
-                    else:
-                        secs = [r["round_seconds"] for r in run["rounds"]]
-                        floors = [r["floor_seconds"] for r in run["rounds"]]
-                        print(f"round {name} {n_images} images text {setting}: round s {secs}, floor s "
-                              f"{[round(f, 3) for f in floors]} ({time.perf_counter() - tick:.0f} s)", flush=True)
-                    save()
+                    for ranks in (int(w) for w in args.round_ranks.split(",")):
+                        tick = time.perf_counter()
+                        run = run_round(bench, name, n_images, setting == "on", results, ranks)
+                        key = f"{name}|{n_images}|{setting}" + (f"|ranks{ranks}" if ranks > 1 else "")
+                        results.setdefault("round", {})[key] = run
+                        label = f"round {name} {n_images} images text {setting} ranks {ranks}"
+                        if "error" in run:
+                            print(f"{label}: FAILED\n{run['error']}", flush=True)
+                        else:
+                            secs = [r["round_seconds"] for r in run["rounds"]]
+                            floors = [r["floor_seconds"] for r in run["rounds"]]
+                            print(f"{label}: round s {secs}, floor s {[round(f, 3) for f in floors]} "
+                                  f"({time.perf_counter() - tick:.0f} s)", flush=True)
+                        save()
     save()
     print(f"wrote {json_path} and {md_path}")
 
