@@ -285,7 +285,7 @@ class Bench:
         steps = {key: step(key == "on", images, labels) for key in text_flops}
         timed = alternate(steps, self.device, self.memory, args.min_seconds, args.max_reps)
         if has_switch:
-            model.shared_prefix_text = False
+            model.shared_prefix_text = True  # fedur's default
         out = {"batch": args.train_batch, "image_flops_per_image": image_flops_per_image, "shared_switch": has_switch}
         for key, t in timed.items():
             flops = image_flops_per_image * args.train_batch + text_flops[key]
@@ -357,7 +357,7 @@ class Bench:
                            "eval_plain": forward(eval_images, False)}, self.device, self.memory, args.min_seconds,
                           args.max_reps)
         if has_switch:
-            model.shared_prefix_text = False
+            model.shared_prefix_text = True  # fedur's default
         batch = {"train": args.train_batch, "eval": args.eval_batch, "eval_plain": args.eval_batch}
         costs = {key: timed[key]["median"] / batch[key] for key in timed}
         costs["train_setting"] = "on" if shared and has_switch else "off"

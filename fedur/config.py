@@ -215,7 +215,8 @@ class LabelsConfig:
     value from CPL's scripts ((0.75, 0.95) where they give none)."""
     cpl_per_class: PositiveInt | Literal["grip"] = 16
     """cpl: pseudo-labelled samples per class and client; grip: CPL's growing pools, K = (t + 1) * 10% (20% for
-    CUB) of the client's images / C at refresh t (at least 1), each class capped by its previous fill."""
+    CUB) of the client's images / C at refresh t (at least 1), each pool holding at most its previous fill +
+    max(1, K - the largest previous fill)."""
 
 
 @dataclass

@@ -14,7 +14,8 @@ from .conftest import assert_same_results, free_port, read_rounds, run_ok
 # Each method once, and each labeller at least once beside a method that is not its own.
 CASES = {
     "promptfl-fpl": ["--method.name", "promptfl"],
-    "promptprox-cpl": ["--method.name", "promptprox", "--method.labeller", "cpl", "--labels.cpl_per_class", "grip"],
+    "promptprox-cpl": ["--method.name", "promptprox", "--method.labeller", "cpl", "--labels.cpl_per_class", "grip",
+                       "--federation.refresh_every", "1"],
     "pfedprompt-copl": ["--method.name", "pfedprompt", "--method.labeller", "copl"],
     "fedotp-codpl": ["--method.name", "fedotp", "--method.labeller", "codpl"],
     "zeroshot": ["--method.name", "zeroshot"],
@@ -64,12 +65,15 @@ def test_promptfl_shares_one_text_prompt_and_no_visual_prompt(runs):
 def test_cpl_trains_on_candidate_sets(runs):
     summary = json.loads((runs / "promptprox-cpl-2" / "summary.json").read_text())
     assert summary["method"] == "promptprox" and summary["labeller"] == "cpl"
-    state = torch.load(next((runs / "promptprox-cpl-2" / "checkpoints").glob("round_*/client_000.pt")), weights_only=True)
+    last = sorted((runs / "promptprox-cpl-2" / "checkpoints").glob("round_*"))[-1]
+    state = torch.load(last / "client_000.pt", weights_only=True)
     mask, labels = state["pseudo_labels"]["mask"], state["pseudo_labels"]["labels"]
     assert bool(mask[torch.arange(len(labels)), labels].all())  # the label is in its candidate set
-    # GRIP's pools at the first refresh: K = max(1, int(int(n_k / 10) / C)) per class (C = 5)
+    # GRIP's pools at the second refresh (t = 1): K = max(1, int(2 * int(n_k / 10) / C)) per class (C = 5)
     pools, n_k = state["pseudo_labels"]["pools"], len(state["train_indices"])
-    assert len(pools) == len(labels) and torch.bincount(pools).max() <= max(1, n_k // 10 // 5) < 16
+    assert len(pools) == len(labels) and torch.bincount(pools).max() <= max(1, 2 * (n_k // 10) // 5) < 16
+    first, second = (sum(row["selected"]) for row in read_rounds(runs / "promptprox-cpl-2"))
+    assert second > first  # the pools grew from the first refresh to the second
 
 
 def test_pfedprompt_keeps_a_cache_of_its_pseudo_labelled_features(runs):

@@ -14,7 +14,8 @@ once: an integer here, the default, as for FPL. Its `grip_textual` setting grows
 (`select_topk_for_eachcls` step 2): `grip` here, with the refreshes as GRIP's iterations. At refresh t a
 client's K is `grip_per_class(n_k, C, t, step)` over its own n_k images, and each pool's capacity
 `cpl_pool_caps(previous fill, K)`. [guess] K is at least 1: a client's n_k is a tenth of CPL's n, and the
-formula gives 0 at the first refresh wherever n_k / 10 < C (DTD with 10 clients: 37 / 47).
+formula gives 0 at the first refresh wherever n_k / 10 < C (DTD with 10 clients: 37 / 47); and every
+pool may grow by at least 1 per refresh, so that pools can refill where K stalls (`CPL.pool_sizes`).
 """
 
 from __future__ import annotations
@@ -127,17 +128,18 @@ def grip_per_class(n_samples: int, num_classes: int, iteration: int, step_quanti
     return k if k * num_classes <= n_samples else n_samples // num_classes
 
 
-def cpl_pool_caps(previous_counts: Tensor, k_max: int) -> Tensor:
+def cpl_pool_caps(previous_counts: Tensor, k_max: int, min_increment: int = 0) -> Tensor:
     """(C,) int64 pool capacities of a selection after one that filled `previous_counts` (C,) per class.
 
     `select_topk_for_eachcls` step 2: every pool grows by the same increment k_max - max(previous), capped at
     k_max; so a class that filled fewer samples last time gets a smaller pool. All-zero previous counts (the
-    first selection) give k_max everywhere.
+    first selection) give k_max everywhere. `min_increment` > 0 lets every pool grow by at least that much
+    (fedur's GRIP schedule uses 1, see `CPL.pool_sizes`).
     """
     increment = k_max - int(previous_counts.max()) if previous_counts.numel() else k_max
     if increment < 0:
         raise ValueError(f"k_max {k_max} is below a previous pool fill {int(previous_counts.max())}")
-    return torch.clamp(previous_counts.long() + increment, max=k_max)
+    return torch.clamp(previous_counts.long() + max(increment, min_increment), max=k_max)
 
 
 def cpl_assign(probs: Tensor, candidates: Tensor, per_class: int | Tensor = 16) -> Tensor:
@@ -233,7 +235,14 @@ class CPL(Labeller):
         return f"{self.name} (alpha {self.alpha}, beta {self.beta}, {per_class}, cc loss)"
 
     def pool_sizes(self, probs: Tensor, refresh_idx: int, previous: PseudoLabels | None) -> int | Tensor:
-        """Each class pool's capacity at this refresh: `labels.cpl_per_class`, or GRIP's."""
+        """Each class pool's capacity at this refresh: `labels.cpl_per_class`, or GRIP's.
+
+        GRIP: K = max(1, `grip_per_class`) over the client's n images; each pool may hold its previous fill plus
+        K - (the largest previous fill), as CPL, but [guess] at least one more than its previous fill (up to
+        K): where K stalls (held at 1, rounded down to the same value, or at n / C after the tenth refresh)
+        CPL's increment is 0 and a pool that lost samples could never refill. A previous selection with a
+        pool above K (not a GRIP one) counts as none.
+        """
         if self.cfg.cpl_per_class != "grip":
             return self.cfg.cpl_per_class
         n, num_classes = probs.shape
@@ -241,7 +250,9 @@ class CPL(Labeller):
         filled = torch.zeros(num_classes, dtype=torch.long)
         if previous is not None and previous.pools is not None:
             filled = torch.bincount(previous.pools, minlength=num_classes)
-        return cpl_pool_caps(filled, max(k_max, int(filled.max())))
+        if int(filled.max()) > k_max:
+            filled.zero_()
+        return cpl_pool_caps(filled, k_max, min_increment=1)
 
     def select(self, probs: Tensor, quotas: Tensor | None = None, refresh_idx: int = 0,
                previous: PseudoLabels | None = None) -> PseudoLabels:

@@ -243,6 +243,12 @@ def test_cpl_grip_pools_grow_per_refresh_from_the_previous_fill():
     # a pool that filled less grows by the same increment: last fill (2, 0) at K 6 gives caps (6, 4)
     lopsided = type(first)(first.indices[:2], first.labels[:2], first.mask[:2], first.pools[:2])
     assert labeller.pool_sizes(probs, 2, lopsided).tolist() == [6, 4]
+    # where K stalls (here at 2, refresh 0 again) a pool still grows by 1: fill (2, 0) gives caps (2, 1)
+    assert labeller.pool_sizes(probs, 0, lopsided).tolist() == [2, 1]
+    assert cpl_pool_caps(torch.tensor([2, 0]), 2).tolist() == [2, 0]  # CPL's own rule: that pool stays empty
+    # a previous selection with a pool above K (a fixed-K one) counts as none
+    fixed = CPL(LabelsConfig(cpl_quantiles=(0.5, 0.01), cpl_per_class=16), "cifar10").select(probs)
+    assert labeller.pool_sizes(probs, 0, fixed).tolist() == [2, 2]
     # K is at least 1 where the formula gives 0 (n / 10 < C), and a fixed K ignores the refresh
     assert labeller.pool_sizes(probs[:15], 0, None).tolist() == [1, 1]
     assert CPL(LabelsConfig(cpl_per_class=3), "cifar10").pool_sizes(probs, 5, first) == 3
