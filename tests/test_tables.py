@@ -137,6 +137,26 @@ def test_table_from_hand_written_summaries(tmp_path, capsys):
     assert cells[("fedur", "dtd-beta0.1")]["best_mean"] == "63.0000"
 
 
+def test_the_table_lists_flags_given_after_the_double_dash(tmp_path, capsys):
+    out = tmp_path / "tables"
+    runs = {s.seed: s for s in expand(GRIDS["tiny"], [1, 2], out) if s.row.key == "fedur"}
+    for seed, spec in runs.items():
+        write_summary(spec.run_dir, final_mean_accuracy=50.0, final_client_accuracy=[50.0], zero_shot_global=40.0)
+    # seed 1 was started with extra flags, interrupted, then resumed with others: the last start counts
+    runs[1].log.write_text("# fedur-tables 2026-01-01 00:00:00: python -m fedur.main ...\n"
+                           "# fedur-tables flags after --: --optim.lr 0.5\nfedur: ...\n"
+                           "# fedur-tables 2026-01-01 01:00:00: python -m fedur.main ...\n"
+                           "# fedur-tables flags after --: --method.cache_alpha 0.13\nfedur: ...\n")
+    runs[2].log.write_text("# fedur-tables 2026-01-01 00:00:00: python -m fedur.main ...\nfedur: ...\n")
+    assert cli.main(["tiny", "--out", str(out), "--table-only", "--seeds", "1,2", "--rows", "fedur"]) == 0
+    markdown = (out / "tiny" / "table.md").read_text()
+    assert "- `--method.cache_alpha 0.13`: 1 runs: fedur | tiny | seed 1" in markdown
+    assert "- none: 1 runs: fedur | tiny | seed 2" in markdown and "--optim.lr 0.5" not in markdown
+    runs[2].log.write_text(runs[1].log.read_text())
+    assert cli.main(["tiny", "--out", str(out), "--table-only", "--seeds", "1,2", "--rows", "fedur"]) == 0
+    assert "- `--method.cache_alpha 0.13`: all 2 finished runs" in (out / "tiny" / "table.md").read_text()
+
+
 def test_average_column_needs_every_dataset(tmp_path, capsys):
     out = tmp_path / "tables"
     values = {"dtd": 60.0, "resisc45": 70.0, "cub": 50.0, "ucf101": 65.0, "cifar10": 90.0, "cifar100": 71.0}

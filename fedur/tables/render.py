@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedur.tables.grids import Column, Grid, Row, RunSpec
+from fedur.tables.runner import extra_flags
 from fedur.tables.paper import PAPER_AVERAGE, paper_value
 
 MISSING = "—"
@@ -163,6 +164,16 @@ def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) ->
     lines = [f"# {grid.title}", "",
              f"`fedur-tables {grid.name}`, seeds {', '.join(map(str, seeds))}: {done} of {len(specs)} runs finished.", "",
              LEGEND, ""]
+    finished = [s for s in specs if (s.run_dir / "summary.json").is_file()]
+    extras: dict[str, list[RunSpec]] = {}
+    for spec in finished:
+        extras.setdefault(extra_flags(spec.log), []).append(spec)
+    if set(extras) - {""}:
+        lines.append("Flags after `--` (they override the grid's settings):")
+        for flags, runs in sorted(extras.items()):
+            which = f"all {len(runs)} finished runs" if len(runs) == len(finished) else f"{len(runs)} runs: " + ", ".join(s.name for s in runs)
+            lines.append(f"- `{flags}`: {which}" if flags else f"- none: {which}")
+        lines.append("")
     shown_rows = [r for r in grid.rows if any((r.key, c.key) in cells for c in grid.columns)]
     for section, columns in sections(grid).items():
         columns = [c for c in columns if any((r.key, c.key) in cells for r in shown_rows)]

@@ -27,6 +27,19 @@ MAIN = REPO / "fedur" / "main.py"
 SCRIPT_LAUNCHERS = {"fabric", "lightning", "torchrun"}
 TINY_CLIP_ENV = "FEDUR_TINY_CLIP"
 TINY_CLIP_NAME = "tinyclip-teacher-a"
+EXTRA_MARK = "# fedur-tables flags after --: "  # the log line after a start line, when there were any
+
+
+def extra_flags(log: Path) -> str:
+    """The flags after `--` of the last start recorded in a run's log ('' for none or no log)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, line in enumerate(lines) if line.startswith("# fedur-tables ") and not line.startswith(EXTRA_MARK)]
+    if not starts or starts[-1] + 1 >= len(lines) or not lines[starts[-1] + 1].startswith(EXTRA_MARK):
+        return ""
+    return lines[starts[-1] + 1][len(EXTRA_MARK):]
 
 
 @dataclass(frozen=True)
@@ -162,6 +175,8 @@ def run_one(spec: RunSpec, inputs: Inputs, children: Children) -> Outcome:
     started = time.monotonic()
     with spec.log.open("a") as log:
         log.write(f"# fedur-tables {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(cmd)}\n")
+        if inputs.extra:  # the table lists them: they change what the cell means
+            log.write(f"{EXTRA_MARK}{shlex.join(arg.replace('{seed}', str(spec.seed)) for arg in inputs.extra)}\n")
         log.flush()
         proc = children.start(cmd, log)
         if proc is None:
