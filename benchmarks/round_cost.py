@@ -183,6 +183,40 @@ def matmul_rate(device: torch.device, quick: bool) -> dict:
     return {"n": n, "dtype": str(dtype).removeprefix("torch."), "flops_per_s": 2 * n**3 / best}
 
 
+def _matmul_worker(n: int, reps: int, threads: int, barrier, out) -> None:
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    barrier.wait()  # every process multiplies at the same time
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    out.put(2 * n**3 / best)
+
+
+def concurrent_matmul_rate(processes: int, threads: int, quick: bool) -> dict:
+    """CPU: the fp32 2048^3 matmul rate of `processes` processes multiplying at once (`threads` threads each), as
+    ranks do, against one process alone: the machine's own ceiling for running ranks side by side."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    n, reps = 2048, 2 if quick else 5
+    rates = {}
+    for count in (1, processes):
+        barrier, out = ctx.Barrier(count), ctx.Queue()
+        procs = [ctx.Process(target=_matmul_worker, args=(n, reps, threads, barrier, out)) for _ in range(count)]
+        for proc in procs:
+            proc.start()
+        rates[count] = [out.get() for _ in procs]
+        for proc in procs:
+            proc.join()
+    solo, together = rates[1][0], rates[processes]
+    return {"processes": processes, "threads": threads, "solo_flops_per_s": solo, "each_flops_per_s": together,
+            "ceiling": sum(together) / solo}
+
+
 # ---------------------------------------------------------------- the model parts
 
 
@@ -589,7 +623,7 @@ def markdown(results: dict) -> str:
             "train image (round 0: zero-shot CLIP's plain image forward; later rounds: the prompted eval forward); "
             f"train: the selected images x 1 epoch, training step at batch {results['machine']['train_batch']}; "
             f"evaluate: every test image, prompted eval forward at batch {results['machine']['eval_batch']}. "
-            "Per phase: seconds measured / floor. Not in a round: process start, the image cache, the zero-shot "
+            "Per phase: seconds measured / floor (on W ranks: the floor / W, each rank's share if balanced). Not in a round: process start, the image cache, the zero-shot "
             "evaluation before round 0.",
             "",
             "| model | text shared | ms / image: training step | prompted eval forward | plain image forward |",
@@ -597,12 +631,12 @@ def markdown(results: dict) -> str:
         ]
         for key in sorted(runs):
             c = runs[key].get("per_image_cost")
-            if c:
+            if c and runs[key].get("ranks", 1) == 1:
                 lines.append(f"| {key.split('|')[0]} | {c['train_setting']} | {c['train'] * 1e3:,.3f} | "
                              f"{c['eval'] * 1e3:,.3f} | {c.get('eval_plain', float('nan')) * 1e3:,.3f} |")
         lines += [
             "",
-            "| model | train / test images | clients | ranks | text shared | round | round s | floor s (1 rank) | floor / round | "
+            "| model | train / test images | clients | ranks W | text shared | round | round s | floor s / W | floor / W / round | "
             + " | ".join(PHASES) + " | bytes sent (all clients) | process s |",
             "| --- " * (11 + len(PHASES)) + "|",
         ]
@@ -611,20 +645,21 @@ def markdown(results: dict) -> str:
             if "error" in r:
                 lines.append(f"| {key} | failed: see the JSON |" + " |" * (9 + len(PHASES)))
                 continue
+            w = r.get("ranks", 1)  # W ranks share the floor's work: each rank's share of it, if balanced
             for row in r["rounds"]:
                 ph = row.get("phase_seconds") or {}
                 cells = []
                 for phase in PHASES:
-                    actual, floor = ph.get(phase), row["floor"].get(phase, 0.0)
+                    actual, floor = ph.get(phase), row["floor"].get(phase, 0.0) / w
                     cells.append("" if actual is None else f"{actual:.2f} / {floor:.2f}")
                 sent = sum(row["bytes_sent"]) if row.get("bytes_sent") else 0
                 lines.append(
                     f"| {r['model']} | {r['train_images']} / {r['test_images']} | {r['clients']} | {r.get('ranks', 1)} | "
                     f"{'on' if r['shared_prefix_text'] else 'off'} | {row['round']} | {row['round_seconds']:.2f} | "
-                    f"{row['floor_seconds']:.2f} | {100 * row['floor_seconds'] / row['round_seconds']:.1f}% | "
+                    f"{row['floor_seconds'] / w:.2f} | {100 * row['floor_seconds'] / w / row['round_seconds']:.1f}% | "
                     + " | ".join(cells) + f" | {sent:,} | {r['process_wall_seconds']:.0f} |"
                 )
-        lines += placement_table(runs)
+        lines += placement_table(runs, results.get("concurrent_matmul"))
         lines += ["", "Commands:", ""]
         for key in sorted(runs):
             lines.append(f"- `{runs[key]['command']}`")
@@ -632,8 +667,9 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def placement_table(runs: dict) -> list[str]:
-    """The same run on 1 and on several ranks: the mean round time and its speed-up against K/W."""
+def placement_table(runs: dict, concurrent: dict | None = None) -> list[str]:
+    """The same run on 1 and on several ranks: the mean round time and its speed-up against K/W and against the
+    machine's ceiling for that many processes at once."""
     lines = []
     for key in sorted(runs):
         r = runs[key]
@@ -648,17 +684,26 @@ def placement_table(runs: dict) -> list[str]:
                 "### Clients placed on several ranks",
                 "",
                 "The same run (same clients, data and settings; results identical by fedur's placement tests) on 1 "
-                "rank and on W ranks, one compute thread each. Ideal: the slowest rank's share of the clients, "
-                "ceil(K / W) of K.",
+                "rank and on W ranks, one compute thread each. Ideal: K / ceil(K / W), the slowest rank's share of "
+                "the clients. Machine ceiling (CPU): W single-thread processes multiplying fp32 2048^3 matrices at "
+                "once, their summed rate over one process's alone; ranks cannot go faster than that.",
                 "",
-                "| model | clients K | ranks W | text shared | mean round s, 1 rank | mean round s, W ranks | speed-up | ideal |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- |",
+                "| model | clients K | ranks W | text shared | mean round s, 1 rank | mean round s, W ranks | speed-up | ideal | machine ceiling |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             ]
         one = sum(row["round_seconds"] for row in base["rounds"]) / len(base["rounds"])
         many = sum(row["round_seconds"] for row in r["rounds"]) / len(r["rounds"])
         k, w = r["clients"], r["ranks"]
+        ceiling = (concurrent or {}).get(str(w))
         lines.append(f"| {r['model']} | {k} | {w} | {'on' if r['shared_prefix_text'] else 'off'} | {one:.2f} | "
-                     f"{many:.2f} | x{one / many:.2f} | x{k / -(-k // w):.2f} |")
+                     f"{many:.2f} | x{one / many:.2f} | x{k / -(-k // w):.2f} | "
+                     + (f"x{ceiling['ceiling']:.2f} |" if ceiling else "|"))
+    if concurrent:
+        for w, c in sorted(concurrent.items()):
+            lines.append("")
+            lines.append(f"Concurrent matmuls, {w} processes x {c['threads']} thread: "
+                         + ", ".join(f"{r / 1e9:,.1f}" for r in c["each_flops_per_s"])
+                         + f" GFLOP/s each, against {c['solo_flops_per_s'] / 1e9:,.1f} alone (x{c['ceiling']:.2f}).")
     return lines
 
 
@@ -769,6 +814,12 @@ def main(argv: list[str] | None = None) -> None:
             for n_classes in classes:
                 results["micro"][f"{name}|{n_classes}"].setdefault("eval", {**measured, "reused_from": max(classes)})
             save()
+    if "round" in parts and device.type == "cpu":
+        for w in (int(w) for w in args.round_ranks.split(",")):
+            if w > 1:
+                c = concurrent_matmul_rate(w, args.threads or 1, args.quick)
+                results.setdefault("concurrent_matmul", {})[str(w)] = c
+                print(f"{w} concurrent matmul processes: x{c['ceiling']:.2f} of one alone", flush=True)
     if "round" in parts:
         for name in (args.round_models or args.models).split(","):
             for n_images in (int(n) for n in args.round_images.split(",")):
