@@ -234,3 +234,26 @@ def test_resume_auto_starts_over_after_a_crash_before_the_first_commit(reference
     with pytest.raises(RunDirError, match="holds notes.txt"):
         run_in_process(tmp_path / "other", "--run.resume", "auto")
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+# Methods whose clients keep more than FedUR's state: pFedPrompt's cache (rebuilt at each refresh), FedOTP's
+# local text prompt, CPL's GRIP pools (the next refresh's caps read them) with PromptProx's round-start prompts.
+METHOD_CASES = {
+    "pfedprompt": ["--method.name", "pfedprompt", "--method.labeller", "copl"],
+    "fedotp": ["--method.name", "fedotp"],
+    "promptprox-grip": ["--method.name", "promptprox", "--method.labeller", "cpl", "--labels.cpl_per_class", "grip"],
+}
+
+
+@pytest.mark.parametrize("name", list(METHOD_CASES))
+def test_every_method_resumes_exactly_after_a_crash(tmp_path, name, capsys):
+    flags = [*METHOD_CASES[name], "--federation.refresh_every", "1"]  # a refresh every round: state carried over
+    run_in_process(tmp_path / "uninterrupted", *flags)
+    run_dir = tmp_path / "run"
+    with pytest.raises(InjectedFault):
+        run_in_process(run_dir, *flags, "--run.fault", "raise:commit:1:0")
+    assert checkpoint.latest(run_dir).round_idx == 0
+    run_in_process(run_dir, *flags, "--run.resume", "true")
+    assert_same_run(run_dir, tmp_path / "uninterrupted")
+    if name == "pfedprompt":  # the cache is part of what was compared
+        assert "extra.cache_keys" in {k.split(":")[1] for k in final_state(run_dir) if "client_000" in k}
