@@ -67,14 +67,15 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def parse_config(argv: list[str] | None = None) -> tuple[Config, str]:
-    """The typed settings and their resolved YAML (saved to the run directory)."""
-    cfg, config_yaml, _ = parse_args(argv)
+def parse_config(argv: list[str] | None = None, parser: ArgumentParser | None = None) -> tuple[Config, str]:
+    """The typed settings and their resolved YAML (saved to the run directory); `parser`: one from
+    `build_parser()` to reuse across many calls."""
+    cfg, config_yaml, _ = parse_args(argv, parser)
     return cfg, config_yaml
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[Config, str, Namespace]:
-    parser = build_parser()
+def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = None) -> tuple[Config, str, Namespace]:
+    parser = parser or build_parser()
     namespace = parser.parse_args(argv)
     resolved = Namespace({name: namespace[name] for name in GROUPS})
     config_yaml = parser.dump(resolved)

@@ -157,6 +157,31 @@ def test_the_table_lists_flags_given_after_the_double_dash(tmp_path, capsys):
     assert "- `--method.cache_alpha 0.13`: all 2 finished runs" in (out / "tiny" / "table.md").read_text()
 
 
+def test_finished_runs_with_other_settings_are_refused(tmp_path, capsys):
+    """A call whose settings differ from a finished run's (as its last checkpoint recorded them) would leave that
+    run as it is and mix two settings in one table: refused. Launch settings (threads) do not count."""
+    from dataclasses import asdict
+
+    from fedur.config import result_settings
+    from fedur.main import parse_config
+
+    out = tmp_path / "tables"
+    spec = next(s for s in expand(GRIDS["tiny"], [1], out) if s.row.key == "fedur")
+    write_summary(spec.run_dir, final_mean_accuracy=50.0, final_client_accuracy=[50.0], zero_shot_global=40.0)
+    cmd = command(spec, Inputs(extra=("--optim.lr", "0.5")))
+    settings = result_settings(asdict(parse_config(cmd[cmd.index("--config"):])[0]))
+    marker = spec.run_dir / "checkpoints" / "round_00001" / "COMMITTED.json"
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"settings": settings}))
+    capsys.readouterr()
+    assert cli.main(["tiny", "--out", str(out), "--seeds", "1", "--rows", "fedur"]) == 2
+    err = capsys.readouterr().err
+    assert "1 finished run(s)" in err and "optim.lr 0.5 (run) vs 0.1 (now)" in err
+    assert cli.main(["tiny", "--out", str(out), "--seeds", "1", "--rows", "fedur", "--", "--optim.lr", "0.5",
+                     "--run.threads", "2"]) == 0
+    assert "0 to run" in capsys.readouterr().out
+
+
 def test_average_column_needs_every_dataset(tmp_path, capsys):
     out = tmp_path / "tables"
     values = {"dtd": 60.0, "resisc45": 70.0, "cub": 50.0, "ucf101": 65.0, "cifar10": 90.0, "cifar100": 71.0}

@@ -136,6 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     if problem and not args.dry_run:
         print(f"fedur-tables: error: {problem}", file=sys.stderr)
         return 2
+    checked = specs if args.task is None else expand(grid, seeds, out)[args.task:args.task + 1]
+    clash = runner.other_settings(checked, inputs)
+    if clash:
+        shown = "\n".join(f"  {s.name}: " + ", ".join(f"{k} {a} (run) vs {b} (now)" for k, (a, b) in diff.items())
+                          for s, diff in clash[:5])
+        print(f"fedur-tables: error: {len(clash)} finished run(s) in {folder} ran with other settings than this call "
+              f"would:\n{shown}\nA finished run is not run again, so the table would mix them. Use another --out "
+              "for these settings, or delete those run directories to rerun them (--table-only draws the table "
+              "as it is).", file=sys.stderr)
+        return 2
     if args.task is not None:
         return run_task(grid, args.task, seeds, out, folder, inputs, args.dry_run)
 

@@ -8,6 +8,7 @@ interrupted one's lines). A failed run is reported with its log and does not sto
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -28,6 +29,11 @@ SCRIPT_LAUNCHERS = {"fabric", "lightning", "torchrun"}
 TINY_CLIP_ENV = "FEDUR_TINY_CLIP"
 TINY_CLIP_NAME = "tinyclip-teacher-a"
 EXTRA_MARK = "# fedur-tables flags after --: "  # the log line after a start line, when there were any
+
+
+def extra_text(spec: RunSpec, inputs: "Inputs") -> str:
+    """The flags after `--` of this invocation for one run, as its log records them ({seed} filled in)."""
+    return shlex.join(arg.replace("{seed}", str(spec.seed)) for arg in inputs.extra)
 
 
 def extra_flags(log: Path) -> str:
@@ -109,6 +115,32 @@ def committed_round(run_dir: Path) -> int | None:
     return max(rounds) + 1 if rounds else None
 
 
+def other_settings(specs: list[RunSpec], inputs: "Inputs") -> list[tuple[RunSpec, dict]]:
+    """Finished runs whose settings that change results (as their last checkpoint recorded them) differ from
+    what this call would run: [(run, {key: (theirs, this call's)})]. Runs without a checkpoint (zero-shot)
+    are not checked; launch settings (threads, devices, paths) and the precision never count."""
+    from dataclasses import asdict
+
+    from fedur.config import result_settings
+    from fedur.main import build_parser, parse_config
+
+    clashes, parser = [], None
+    for spec in specs:
+        markers = sorted(spec.run_dir.glob("checkpoints/round_*/COMMITTED.json"))
+        if status(spec) != "done" or not markers:
+            continue
+        theirs = json.loads(markers[-1].read_text()).get("settings", {})
+        cmd = command(spec, inputs)
+        parser = parser or build_parser()
+        cfg, _ = parse_config(cmd[cmd.index("--config"):], parser)
+        ours = json.loads(json.dumps(result_settings(asdict(cfg))))  # as the marker stores them (tuples -> lists)
+        diff = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
+                if k != "fabric.precision" and theirs.get(k) != ours.get(k)}
+        if diff:
+            clashes.append((spec, diff))
+    return clashes
+
+
 def status(spec: RunSpec) -> str:
     """'done' (summary.json), 'resume' (a committed checkpoint) or 'new'."""
     if (spec.run_dir / "summary.json").is_file():
@@ -176,7 +208,7 @@ def run_one(spec: RunSpec, inputs: Inputs, children: Children) -> Outcome:
     with spec.log.open("a") as log:
         log.write(f"# fedur-tables {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(cmd)}\n")
         if inputs.extra:  # the table lists them: they change what the cell means
-            log.write(f"{EXTRA_MARK}{shlex.join(arg.replace('{seed}', str(spec.seed)) for arg in inputs.extra)}\n")
+            log.write(f"{EXTRA_MARK}{extra_text(spec, inputs)}\n")
         log.flush()
         proc = children.start(cmd, log)
         if proc is None:
