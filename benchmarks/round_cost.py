@@ -408,7 +408,8 @@ class Bench:
 # ---------------------------------------------------------------- whole rounds
 
 
-def run_round(bench: Bench, name: str, train_images: int, shared: bool, results: dict, ranks: int = 1) -> dict:
+def run_round(bench: Bench, name: str, train_images: int, shared: bool, results: dict, ranks: int = 1,
+              clients_per_step: int = 1) -> dict:
     """One `python -m fedur.main` run on generated shapes (under `fabric run --devices ranks` for several ranks);
     its rounds against their compute floor."""
     args = bench.args
@@ -436,7 +437,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         "--optim.batch_size", str(args.train_batch), "--optim.eval_batch_size", str(args.eval_batch),
         "--fabric.accelerator", bench.device.type, "--fabric.devices", str(ranks),
         "--fabric.precision", "bf16-mixed" if bench.bf16 else "32-true",
-        "--run.output_dir", str(run_dir), "--run.progress", "false",
+        "--run.output_dir", str(run_dir), "--run.progress", "false", "--run.clients_per_step", str(clients_per_step),
     ]
     if bench.device.type != "cuda":
         cmd += ["--run.threads", str(torch.get_num_threads())]
@@ -476,7 +477,8 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         })
     return {
         "command": shown, "model": name, "classes": classes, "clients": args.round_clients, "train_images": n_train,
-        "test_images": n_test, "shared_prefix_text": shared, "ranks": ranks, "process_wall_seconds": wall, "rounds": rounds,
+        "test_images": n_test, "shared_prefix_text": shared, "ranks": ranks, "clients_per_step": clients_per_step,
+        "process_wall_seconds": wall, "rounds": rounds,
         "per_image_cost": costs,
     }
 
@@ -631,19 +633,19 @@ def markdown(results: dict) -> str:
         ]
         for key in sorted(runs):
             c = runs[key].get("per_image_cost")
-            if c and runs[key].get("ranks", 1) == 1:
+            if c and runs[key].get("ranks", 1) == 1 and runs[key].get("clients_per_step", 1) == 1:
                 lines.append(f"| {key.split('|')[0]} | {c['train_setting']} | {c['train'] * 1e3:,.3f} | "
                              f"{c['eval'] * 1e3:,.3f} | {c.get('eval_plain', float('nan')) * 1e3:,.3f} |")
         lines += [
             "",
-            "| model | train / test images | clients | ranks W | text shared | round | round s | floor s / W | floor / W / round | "
-            + " | ".join(PHASES) + " | bytes sent (all clients) | process s |",
-            "| --- " * (11 + len(PHASES)) + "|",
+            "| model | train / test images | clients | ranks W | clients per step | text shared | round | round s | floor s / W | "
+            "floor / W / round | " + " | ".join(PHASES) + " | bytes sent (all clients) | process s |",
+            "| --- " * (12 + len(PHASES)) + "|",
         ]
         for key in sorted(runs):
             r = runs[key]
             if "error" in r:
-                lines.append(f"| {key} | failed: see the JSON |" + " |" * (9 + len(PHASES)))
+                lines.append(f"| {key} | failed: see the JSON |" + " |" * (10 + len(PHASES)))
                 continue
             w = r.get("ranks", 1)  # W ranks share the floor's work: each rank's share of it, if balanced
             for row in r["rounds"]:
@@ -655,16 +657,53 @@ def markdown(results: dict) -> str:
                 sent = sum(row["bytes_sent"]) if row.get("bytes_sent") else 0
                 lines.append(
                     f"| {r['model']} | {r['train_images']} / {r['test_images']} | {r['clients']} | {r.get('ranks', 1)} | "
+                    f"{r.get('clients_per_step', 1)} | "
                     f"{'on' if r['shared_prefix_text'] else 'off'} | {row['round']} | {row['round_seconds']:.2f} | "
                     f"{row['floor_seconds'] / w:.2f} | {100 * row['floor_seconds'] / w / row['round_seconds']:.1f}% | "
                     + " | ".join(cells) + f" | {sent:,} | {r['process_wall_seconds']:.0f} |"
                 )
         lines += placement_table(runs, results.get("concurrent_matmul"))
+        lines += together_table(runs)
         lines += ["", "Commands:", ""]
         for key in sorted(runs):
             lines.append(f"- `{runs[key]['command']}`")
         lines.append("")
     return "\n".join(lines)
+
+
+def together_table(runs: dict) -> list[str]:
+    """The same run with its clients trained one after another and several per step (run.clients_per_step)."""
+    lines = []
+    for key in sorted(runs):
+        r = runs[key]
+        if r.get("clients_per_step", 1) == 1 or "error" in r:
+            continue
+        base = runs.get(key.replace(f"|together{r['clients_per_step']}", "|together1"))  # the same invocation's
+        if base is None or "error" in base:
+            continue
+        if not lines:
+            lines += [
+                "",
+                "### Clients trained together",
+                "",
+                "The same run (1 rank) with its clients trained one after another and with `run.clients_per_step` "
+                "G: groups of G consecutive clients whose batches go through one forward, each image with its "
+                "client's prompts (results equal up to float rounding). Mean over the rounds.",
+                "",
+                "| model | clients | text shared | G | train s, one by one | train s, G per step | train speed-up | round s, one by one | round s, G per step |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            ]
+
+        def mean(run: dict, what: str) -> float:
+            values = [row["round_seconds"] if what == "round" else (row.get("phase_seconds") or {}).get(what, float("nan"))
+                      for row in run["rounds"]]
+            return sum(values) / len(values)
+
+        one, many = mean(base, "train"), mean(r, "train")
+        lines.append(f"| {r['model']} | {r['clients']} | {'on' if r['shared_prefix_text'] else 'off'} | "
+                     f"{r['clients_per_step']} | {one:.2f} | {many:.2f} | x{one / many:.2f} | {mean(base, 'round'):.2f} | "
+                     f"{mean(r, 'round'):.2f} |")
+    return lines
 
 
 def placement_table(runs: dict, concurrent: dict | None = None) -> list[str]:
@@ -673,9 +712,9 @@ def placement_table(runs: dict, concurrent: dict | None = None) -> list[str]:
     lines = []
     for key in sorted(runs):
         r = runs[key]
-        if r.get("ranks", 1) == 1 or "error" in r:
+        if r.get("ranks", 1) == 1 or r.get("clients_per_step", 1) > 1 or "error" in r:
             continue
-        base = runs.get("|".join(key.split("|")[:3]))
+        base = runs.get(key.replace(f"|ranks{r['ranks']}", "|ranks1"))  # measured by the same invocation
         if base is None or "error" in base:
             continue
         if not lines:
@@ -725,6 +764,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--round-shared", default="off,on", help="text-tower settings of the whole-round runs")
     parser.add_argument("--round-clients", type=int, default=10)
     parser.add_argument("--round-ranks", default="1", help="ranks of the whole-round runs (list; >1 under fabric run)")
+    parser.add_argument("--round-clients-per-step", default="1",
+                        help="run.clients_per_step of the whole-round runs (list; on 1 rank)")
     parser.add_argument("--round-rounds", type=int, default=2)
     parser.add_argument("--n-ctx", type=int, default=16)
     parser.add_argument("--visual-tokens", type=int, default=5)
@@ -824,12 +865,21 @@ def main(argv: list[str] | None = None) -> None:
         for name in (args.round_models or args.models).split(","):
             for n_images in (int(n) for n in args.round_images.split(",")):
                 for setting in args.round_shared.split(","):
-                    for ranks in (int(w) for w in args.round_ranks.split(",")):
+                    # Each comparison's runs come from this one invocation: with several values, every run
+                    # (the 1-rank / one-by-one base too) is keyed by its own |ranksW or |togetherG.
+                    ranks_list = [int(w) for w in args.round_ranks.split(",")]
+                    groups = [int(g) for g in args.round_clients_per_step.split(",")]
+                    variants = [(w, 1, f"|ranks{w}") for w in ranks_list] if len(ranks_list) > 1 else []
+                    variants += [(1, g, f"|together{g}") for g in groups] if len(groups) > 1 else []
+                    if not variants:  # one run: the plain key, with what differs from the default
+                        w, g = ranks_list[0], groups[0]
+                        variants = [(w, g, (f"|ranks{w}" if w > 1 else "") + (f"|together{g}" if g > 1 else ""))]
+                    for ranks, group, suffix in variants:
                         tick = time.perf_counter()
-                        run = run_round(bench, name, n_images, setting == "on", results, ranks)
-                        key = f"{name}|{n_images}|{setting}" + (f"|ranks{ranks}" if ranks > 1 else "")
+                        run = run_round(bench, name, n_images, setting == "on", results, ranks, group)
+                        key = f"{name}|{n_images}|{setting}{suffix}"
                         results.setdefault("round", {})[key] = run
-                        label = f"round {name} {n_images} images text {setting} ranks {ranks}"
+                        label = f"round {name} {n_images} images text {setting} ranks {ranks} clients per step {group}"
                         if "error" in run:
                             print(f"{label}: FAILED\n{run['error']}", flush=True)
                         else:

@@ -268,6 +268,12 @@ class RunConfig:
     seed: int = 1
     """Seed of the prompt init, every client's data order and the train/test fractions (the paper: 1, 2, 3);
     the split across clients has its own `federation.partition_seed`."""
+    clients_per_step: PositiveInt = 1
+    """Train this many of a rank's clients together: fixed groups of consecutive client ids, placed whole on
+    ranks, whose batches go through one forward with each client's own prompts; each client keeps its own
+    data order, loss, SGD momentum and schedule. 1: one client after another. The same training up to float
+    rounding (and placement-free for a given value); it keeps a large GPU busy where a client's batches are
+    small. Not for pFedPrompt and FedOTP (their logits are per client)."""
     threads: PositiveInt | None = None
     """CPU compute threads per rank; null: CPU cores / ranks on this node. Fix it to compare runs bitwise
     across different placements of clients on ranks."""
@@ -312,7 +318,7 @@ class Config:
 RESULT_NEUTRAL = {
     "model.cache_dir", "data.root", "data.download", "data.num_workers", "data.cache", "data.cache_dir",
     "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
-    "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on", "run.fault", "run.threads",
+    "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on", "run.fault", "run.threads", "run.clients_per_step",
     "run.log_every_n_steps", "run.progress", "fabric.accelerator", "fabric.devices", "fabric.num_nodes",
     "fabric.strategy",
 }

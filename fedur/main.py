@@ -96,6 +96,12 @@ def validate(cfg: Config, env: LaunchEnv) -> None:
     if method.labeller == "cpl" and (cfg.labels.negatives not in ("auto", "none") or cfg.labels.class_weights not in ("auto", "none")):
         raise ConfigError("method.labeller=cpl trains on candidate sets with its own loss: labels.negatives and "
                           "labels.class_weights must be auto or none")
+    if cfg.run.clients_per_step > 1 and not method.groupable:
+        raise ConfigError(f"run.clients_per_step={cfg.run.clients_per_step}: method.name={method.name} forms each client's "
+                          "logits from its own state and trains one client at a time; use run.clients_per_step=1")
+    if cfg.run.clients_per_step > 1 and cfg.optim.optimizer_state == "shared":
+        raise ConfigError("run.clients_per_step > 1 trains clients at once, so no momentum can pass from one to the "
+                          "next (optim.optimizer_state=shared); use optim.optimizer_state=client or reset")
     if cfg.optim.optimizer_state == "shared" and env.expected_world_size(cfg.fabric) > 1:
         raise ConfigError("optim.optimizer_state=shared passes momentum from client to client and needs one rank")
     if env.precision_error():

@@ -220,6 +220,8 @@ def bad_input_case(case: str, tmp_path, finished_run):
         "unknown model": ([*fresh, "--model.name", "ViT-Huge-Nope"], "Unknown open_clip model"),
         "missing checkpoint": (["--run.resume", str(tmp_path / "no-such-run")], "does not exist"),
         "run directory taken": (["--run.output_dir", str(finished_run)], "already exists and is not empty (it holds a checkpoint"),
+        "clients per step": ([*fresh, "--method.name", "fedotp", "--run.clients_per_step", "2"],
+                             "run.clients_per_step=2: method.name=fedotp forms each client's logits from its own state"),
     }[case]
 
 
@@ -228,7 +230,7 @@ def bad_input_case(case: str, tmp_path, finished_run):
     [
         "beta", "join rate", "more clients than samples", "n_ctx", "prompt tokens",
         "unknown dataset", "unknown model", "bad model json", "truncated weights", "weights of another architecture", "missing checkpoint", "corrupt checkpoint",
-        "changed settings", "empty class", "names mismatch", "corrupt image", "run directory taken",
+        "changed settings", "empty class", "names mismatch", "corrupt image", "run directory taken", "clients per step",
     ],
 )
 def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tmp_path, finished_run, run_main):

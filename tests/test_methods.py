@@ -19,6 +19,8 @@ CASES = {
     "pfedprompt-copl": ["--method.name", "pfedprompt", "--method.labeller", "copl"],
     "fedotp-codpl": ["--method.name", "fedotp", "--method.labeller", "codpl"],
     "zeroshot": ["--method.name", "zeroshot"],
+    # FedUR with clients trained together in fixed groups {0, 1, 2} and {3}: placed whole, so 2 ranks equal 1
+    "fedur-grouped": ["--run.clients_per_step", "3"],
 }
 
 
@@ -46,6 +48,9 @@ def test_two_ranks_equal_one(runs, name):
             assert json.loads((one / "summary.json").read_text())[key] == json.loads((two / "summary.json").read_text())[key]
     else:
         assert_same_results(one, two, num_clients=4)
+    if name == "fedur-grouped":  # the group {0, 1, 2} is not split across the ranks
+        ranks = json.loads((two / "placement.json").read_text())["ranks"]
+        assert [r["clients"] for r in ranks] == [[0, 1, 2], [3]]
 
 
 def client_prompts(run_dir: Path) -> list[dict]:

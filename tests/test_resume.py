@@ -257,3 +257,17 @@ def test_every_method_resumes_exactly_after_a_crash(tmp_path, name, capsys):
     assert_same_run(run_dir, tmp_path / "uninterrupted")
     if name == "pfedprompt":  # the cache is part of what was compared
         assert "extra.cache_keys" in {k.split(":")[1] for k in final_state(run_dir) if "client_000" in k}
+
+
+def test_a_resume_may_change_how_many_clients_train_per_step(reference, tmp_path):
+    """run.clients_per_step changes float rounding only, like run.threads: a run crashed with clients one by
+    one continues with all four per step (its momenta carry over), close to the uninterrupted run."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(InjectedFault):
+        run_in_process(run_dir, "--run.fault", "raise:commit:1:0")
+    run_in_process(run_dir, "--run.resume", "true", "--run.clients_per_step", "4")
+    got, want = final_state(run_dir), final_state(reference)
+    assert got.keys() == want.keys()
+    floats = [name for name in want if want[name].is_floating_point()]
+    assert all(torch.allclose(got[name], want[name], atol=1e-4) for name in floats)
+    assert any(not torch.equal(got[name], want[name]) for name in floats)  # grouped: rounding differs

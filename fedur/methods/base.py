@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+import torch
 from torch import Tensor
 
 from fedur.config import MethodConfig
@@ -35,6 +36,7 @@ class Method:
     shared: tuple[str, ...] = ("visual",)
     default_labeller = "codpl"
     trains = True  # False: zero-shot CLIP, no rounds
+    groupable = True  # several clients can train in one batch (`group_logits`): logits are image x text features
 
     def __init__(self, cfg: MethodConfig) -> None:
         self.cfg = cfg
@@ -70,13 +72,23 @@ class Method:
         """(B, C) logits of the client's model, the client's prompts loaded into `model`."""
         return model.logits(model.image_features(images), text)
 
+    def group_logits(self, model: "PromptedCLIP", images: Tensor, owners: Tensor, prompts: list[dict[str, Tensor]]) -> Tensor:
+        """(B, C) logits of several clients' images in one batch: image b with the prompts `prompts[owners[b]]`
+        (run.clients_per_step). The same as each client's `logits` with its prompts loaded, up to rounding."""
+        visual = None
+        if "visual" in prompts[0] and prompts[0]["visual"].numel():
+            visual = torch.stack([p["visual"] for p in prompts])[owners]  # (B, depth, n_tok, width)
+        text = torch.stack([model.text_features(p["text_ctx"]) for p in prompts])  # (G, C, D)
+        return model.logits(model.image_features(images, visual=visual), text, owners)
+
     def classifier(self, model: "PromptedCLIP", client: "ClientState") -> Callable[[Tensor], Tensor]:
         """images -> logits with the text side computed once (pseudo-labelling, evaluation)."""
         text = self.text_side(model)
         return lambda images: self.logits(model, images, text, client)
 
-    def penalty(self, model: "PromptedCLIP", start: dict[str, Tensor]) -> Tensor | None:
-        """An extra local loss term; `start`: the prompts the client began the round with."""
+    def penalty(self, model: "PromptedCLIP", start: dict[str, Tensor], prompts: dict[str, Tensor] | None = None) -> Tensor | None:
+        """An extra local loss term; `start`: the prompts the client began the round with; `prompts`: the ones
+        being trained (default: the model's slots)."""
         return None
 
     def after_refresh(self, rank: "Rank", client: "ClientState") -> None:

@@ -14,6 +14,7 @@ from fedur.methods.fedotp_math import ot_logits
 
 
 class FedOTP(Method):
+    groupable = False  # its logits come from a transport plan over patch tokens
     name = "fedotp"
     prompts = ("text_ctx", "text_local")  # prompt 0 global, prompt 1 local
     shared = ("text_ctx",)

@@ -19,6 +19,7 @@ from fedur.methods.cache import build_cache, cache_logits
 
 
 class PFedPrompt(Method):
+    groupable = False  # its logits read the client's own cache
     name = "pfedprompt"
     prompts = ("text_ctx",)
     shared = ("text_ctx",)

@@ -20,7 +20,7 @@ class PromptFL(Method):
 class PromptProx(PromptFL):
     name = "promptprox"
 
-    def penalty(self, model, start: dict[str, Tensor]) -> Tensor | None:
-        slots = model.slots()
+    def penalty(self, model, start: dict[str, Tensor], prompts: dict[str, Tensor] | None = None) -> Tensor | None:
+        slots = model.slots() if prompts is None else prompts
         names = [name for name in self.shared if name in start]
         return proximal_term([slots[n] for n in names], [start[n] for n in names], self.cfg.prox_mu)

@@ -94,19 +94,30 @@ class PromptedCLIP(nn.Module):
             features = encode_text_embeddings(self.clip, embeddings, tokens)
         return F.normalize(features, dim=-1)
 
-    def image_features(self, images: Tensor, prompted: bool = True) -> Tensor:
-        """Unit-norm features of an image batch, with the visual prompts or (`prompted=False`) as plain CLIP."""
+    def image_features(self, images: Tensor, prompted: bool = True, visual: Tensor | None = None) -> Tensor:
+        """Unit-norm features of an image batch, with the visual prompts or (`prompted=False`) as plain CLIP.
+        `visual`: other visual prompts than the model's slot, (depth, n_tok, width) or one per image
+        (B, depth, n_tok, width)."""
         images = self.normalize(images)
         if not prompted:
             return F.normalize(self.clip.encode_image(images), dim=-1)
-        prompts = self.visual_prompt if self.visual_prompt.numel() else None
+        prompts = self.visual_prompt if visual is None else visual
+        prompts = prompts if prompts.numel() else None
         return F.normalize(encode_image_prompted(self.clip.visual, images, prompts), dim=-1)
 
-    def logits(self, image_features: Tensor, text_features: Tensor) -> Tensor:
+    def logits(self, image_features: Tensor, text_features: Tensor, owners: Tensor | None = None) -> Tensor:
+        """(B, C) logits of (B, D) image features against (C, D) class features, or against (G, C, D) with
+        `owners` (B,) naming each image's row of them (several clients' images in one batch)."""
         # In fp32 even under bf16 autocast: bf16 logits of ~30 move in steps of ~0.2, which would tie
         # samples at the filters' median thresholds and in the top-u ranking.
         with torch.autocast(image_features.device.type, enabled=False):
-            logits = self.logit_scale.float() * (image_features.float() @ text_features.float().t())  # (B, C)
+            if owners is None:
+                cos = image_features.float() @ text_features.float().t()  # (B, C)
+            else:  # every image against every group's classes, then its own group's: (B, G, C) -> (B, C)
+                n_groups, n_cls, _ = text_features.shape
+                every = image_features.float() @ text_features.float().reshape(n_groups * n_cls, -1).t()
+                cos = every.view(len(owners), n_groups, n_cls)[torch.arange(len(owners), device=owners.device), owners]
+            logits = self.logit_scale.float() * cos
             bias = getattr(self.clip, "logit_bias", None)
             return logits + bias.float() if bias is not None else logits
 

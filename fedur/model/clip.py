@@ -281,9 +281,10 @@ def encode_image_prompted(
 ) -> Tensor:
     """`VisionTransformer.forward` with deep visual prompts (VPT-deep), unnormalised features.
 
-    prompts: (depth, n_tok, width), or None for plain CLIP. Block i < depth sees its own n_tok tokens
-    appended after the CLS and patch tokens; their outputs are dropped before the next block, so each
-    block gets fresh ones.
+    prompts: (depth, n_tok, width), the same for every image; (B, depth, n_tok, width), each image its own
+    (several clients' images in one batch); or None for plain CLIP. Block i < depth sees its own n_tok
+    tokens appended after the CLS and patch tokens; their outputs are dropped before the next block, so
+    each block gets fresh ones.
 
     Returns the pooled feature (B, embed_dim), or with `return_tokens=True` every output token
     (B, 1 + patches, embed_dim): CLS first, then the patch tokens (prompt tokens excluded), each after
@@ -292,15 +293,19 @@ def encode_image_prompted(
     projection and are refused.
     """
     x = visual._embeds(images)  # (B, 1 + patches, width)
-    depth = 0 if prompts is None else prompts.shape[0]
-    n_tok = 0 if prompts is None else prompts.shape[1]
+    per_image = prompts is not None and prompts.dim() == 4
+    depth = 0 if prompts is None else prompts.shape[int(per_image)]
+    n_tok = 0 if prompts is None else prompts.shape[1 + int(per_image)]
     transformer = visual.transformer
     if not transformer.batch_first:
         x = x.transpose(0, 1)
     seq_dim = 1 if transformer.batch_first else 0
     for i, block in enumerate(transformer.resblocks):
         if i < depth:
-            tokens = prompts[i].to(x.dtype).unsqueeze(1 - seq_dim).expand(*_expand_shape(x, n_tok, seq_dim))
+            if per_image:  # (B, n_tok, width): each image's own
+                tokens = prompts[:, i].to(x.dtype) if seq_dim == 1 else prompts[:, i].to(x.dtype).transpose(0, 1)
+            else:
+                tokens = prompts[i].to(x.dtype).unsqueeze(1 - seq_dim).expand(*_expand_shape(x, n_tok, seq_dim))
             x = torch.cat([x, tokens], dim=seq_dim)  # (B, 1 + patches + n_tok, width)
             x = block(x)
             x = x.narrow(seq_dim, 0, x.shape[seq_dim] - n_tok)  # drop this block's prompt outputs

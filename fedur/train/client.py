@@ -84,6 +84,26 @@ class LocalResult:
     optimizer_state: dict  # the SGD state (momentum) after the round
 
 
+def client_loader(rank: "Rank", client: ClientState, round_idx: int):
+    """The client's selected pseudo-labelled images in this round's order (its own stream)."""
+    work, labels = rank.work, client.pseudo_labels
+    selected = client.train_indices[labels.indices.numpy()]
+    data = ClientImages(rank.dataset.train, selected, rank.transform, (labels.labels, labels.mask))
+    return make_loader(
+        data, work.batch_size, work.num_workers, generator=client_generator(work.seed, client.client_id, round_idx),
+        pin_memory=rank.fabric.device.type == "cuda",
+    )
+
+
+def client_optimizer(rank: "Rank", round_idx: int, optimizer_state: dict | None, params: list[Tensor] | None = None):
+    """SGD and its schedule for one client-round, from `optimizer_state` (its momentum; None: fresh)."""
+    optimization = rank.tuner.configure_optimizers(round_idx, params)
+    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+    if optimizer_state is not None:  # the momentum only: the learning rate is the schedule's
+        optimizer.load_state_dict({"state": optimizer_state, "param_groups": optimizer.state_dict()["param_groups"]})
+    return optimizer, scheduler
+
+
 def train_client(rank: "Rank", client: ClientState, round_idx: int, optimizer_state: dict | None) -> LocalResult:
     """Train the client's prompts for the tuner's local epochs on its selected pseudo-labels, in place.
 
@@ -93,17 +113,8 @@ def train_client(rank: "Rank", client: ClientState, round_idx: int, optimizer_st
     """
     fabric, tuner, work, progress = rank.fabric, rank.tuner, rank.work, rank.progress
     tuner.begin(client)
-    optimization = tuner.configure_optimizers(round_idx)
-    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
-    if optimizer_state is not None:  # the momentum only: the learning rate is the schedule's
-        optimizer.load_state_dict({"state": optimizer_state, "param_groups": optimizer.state_dict()["param_groups"]})
-    labels = client.pseudo_labels
-    selected = client.train_indices[labels.indices.numpy()]
-    data = ClientImages(rank.dataset.train, selected, rank.transform, (labels.labels, labels.mask))
-    loader = make_loader(
-        data, work.batch_size, work.num_workers, generator=client_generator(work.seed, client.client_id, round_idx),
-        pin_memory=fabric.device.type == "cuda",
-    )
+    optimizer, scheduler = client_optimizer(rank, round_idx, optimizer_state)
+    loader = client_loader(rank, client, round_idx)
     lr = scheduler.get_last_lr()[0]
     sums = torch.zeros(3, device=fabric.device)  # loss, loss_pos, loss_neg: summed on device, read once
     steps = 0
@@ -124,3 +135,56 @@ def train_client(rank: "Rank", client: ClientState, round_idx: int, optimizer_st
     client.prompts = tuner.prompts()
     means = (sums / max(steps, 1)).tolist()  # device-to-host sync, once per client-round
     return LocalResult(*means, lr=lr, optimizer_state=copy.deepcopy(optimizer.state_dict()["state"]))
+
+
+def train_group(rank: "Rank", clients: list[ClientState], round_idx: int, optimizer_states: list[dict | None]) -> list[LocalResult]:
+    """Train several clients together (run.clients_per_step), as `train_client` trains each, in place.
+
+    At every step each client that still has a batch in the epoch contributes its next one (its own data
+    order); the batches go through one forward, each image with its client's prompts, and the step
+    backpropagates the sum of the clients' own losses, so each client's prompts get their own gradient.
+    Each client has its own SGD (momentum) and schedule and steps only when it had a batch. The same as
+    training them one after the other, up to float rounding.
+    """
+    fabric, tuner, work, progress = rank.fabric, rank.tuner, rank.work, rank.progress
+    names = tuner.trainable_names()
+    device = fabric.device
+    prompts = [{n: t.to(device) for n, t in c.prompts.items()} for c in clients]
+    for p in prompts:  # the trained prompts become this step's own leaves, in the optimizer's order
+        p.update({n: p[n].detach().clone().requires_grad_(True) for n in names})
+    optimizers = [client_optimizer(rank, round_idx, state, [p[n] for n in names]) for p, state in zip(prompts, optimizer_states)]
+    loaders = [client_loader(rank, c, round_idx) for c in clients]
+    lrs = [scheduler.get_last_lr()[0] for _, scheduler in optimizers]
+    sums = torch.zeros(len(clients), 3, device=device)
+    steps = [0] * len(clients)
+    ids = ", ".join(str(c.client_id) for c in clients)
+    for _ in progress.iterate(range(tuner.local_epochs), f"clients {ids} epochs"):
+        iterators = {k: iter(loader) for k, loader in enumerate(loaders)}
+        while True:
+            batches = {k: b for k, b in ((k, next(it, None)) for k, it in iterators.items()) if b is not None}
+            if not batches:
+                break
+            iterators = {k: iterators[k] for k in batches}
+            order = sorted(batches)
+            with fabric.autocast():
+                outs = tuner.group_step([fabric.to_device(batches[k]) for k in order], [prompts[k] for k in order],
+                                        [clients[k].prompts for k in order])
+            for k in order:
+                optimizers[k][0].zero_grad(set_to_none=True)
+            fabric.backward(torch.stack([out["loss"] for out in outs]).sum())
+            for k, out in zip(order, outs):
+                optimizers[k][0].step()
+                sums[k] += torch.stack([out["loss"].detach(), out["loss_pos"], out["loss_neg"]]).float()
+                steps[k] += 1
+            if work.log_every_n_steps and max(steps) % work.log_every_n_steps == 0:
+                progress.write(f"  clients {ids} step {max(steps)} loss {sum(o['loss'].item() for o in outs):.4f}")
+        for k, (_, scheduler) in enumerate(optimizers):
+            if steps[k]:
+                scheduler.step()
+    results = []
+    for k, client in enumerate(clients):
+        client.prompts = {n: t.detach().clone() for n, t in prompts[k].items()}
+        means = (sums[k] / max(steps[k], 1)).tolist()
+        state = copy.deepcopy(optimizers[k][0].state_dict()["state"])
+        results.append(LocalResult(*means, lr=lrs[k], optimizer_state=state))
+    return results

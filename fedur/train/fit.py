@@ -16,7 +16,7 @@ from fedur.federated.divergence import drift_diversity, mean_pairwise_cosine_dis
 from fedur.federated.placement import placement_table
 from fedur.federated.streams import participants
 from fedur.train import checkpoint
-from fedur.train.client import ClientState, momentum_only, train_client
+from fedur.train.client import ClientState, momentum_only, train_client, train_group
 from fedur.train.evaluate import evaluate_clients
 from fedur.train.faults import Fault, parse_fault
 from fedur.train.module import PromptTuner
@@ -151,7 +151,7 @@ def gather_placement(rank: Rank) -> dict:
     hosts = rank.collectives.gather_ranks(torch.tensor([fabric.node_rank, fabric.local_rank]), what="placement")
     environment = getattr(fabric.strategy, "cluster_environment", None)
     name = type(environment).__name__ if environment is not None else None
-    return placement_table(rank.num_clients, [tuple(host) for host in hosts.tolist()], name)
+    return placement_table(rank.num_clients, [tuple(host) for host in hosts.tolist()], name, rank.work.clients_per_step)
 
 
 def stop_early(rank: Rank, stop: StopRequest, shared: dict[str, Tensor], round_idx: int, rounds: int, received: str) -> FitResult:
@@ -167,21 +167,27 @@ def stop_early(rank: Rank, stop: StopRequest, shared: dict[str, Tensor], round_i
 def train_clients(
     rank: Rank, round_idx: int, weights: Tensor, carried: dict | None, mode: str, fault: Fault | None = None
 ) -> tuple[dict[int, Tensor], dict | None]:
-    """Local training of this rank's clients that take part (weight > 0), one after the other.
+    """Local training of this rank's clients that take part (weight > 0): one after the other, or with
+    run.clients_per_step = G, the members of each group of G consecutive client ids together.
 
     Returns each trained client's (mean loss, loss_pos, loss_neg, first learning rate) and, for
     optim.optimizer_state=shared (`mode`), the momentum to hand to the next client.
     """
     losses = {}
-    for client in rank.progress.iterate(rank.clients, f"round {round_idx + 1} clients"):
-        if weights[client.client_id] == 0:
-            continue
-        start = {"reset": None, "client": client.optimizer_state, "shared": carried}[mode]
-        result = train_client(rank, client, round_idx, start)
-        client.optimizer_state = result.optimizer_state if mode == "client" else None
-        carried = result.optimizer_state if mode == "shared" else None
-        losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg, result.lr], dtype=torch.float64)
-        if fault is not None and len(losses) == 1:
+    joined = [c for c in rank.clients if weights[c.client_id] > 0]
+    group = rank.work.clients_per_step
+    units = [[c for c in joined if c.client_id // group == g] for g in sorted({c.client_id // group for c in joined})]
+    for unit in rank.progress.iterate(units, f"round {round_idx + 1} clients"):
+        starts = [{"reset": None, "client": c.optimizer_state, "shared": carried}[mode] for c in unit]
+        if len(unit) == 1:
+            results = [train_client(rank, unit[0], round_idx, starts[0])]
+        else:
+            results = train_group(rank, unit, round_idx, starts)
+        for client, result in zip(unit, results):
+            client.optimizer_state = result.optimizer_state if mode == "client" else None
+            carried = result.optimizer_state if mode == "shared" else None
+            losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg, result.lr], dtype=torch.float64)
+        if fault is not None and len(losses) == len(unit):
             fault.trigger("train", round_idx, rank.fabric.global_rank)
     return losses, carried
 

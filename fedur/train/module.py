@@ -68,6 +68,28 @@ class PromptTuner(L.LightningModule):
     def forward(self, images: Tensor) -> Tensor:
         return self.method.logits(self.model, images, self.method.text_side(self.model), self.client)
 
+    def trainable_names(self) -> list[str]:
+        """The method's prompts that train, in the order of `model.trainable_parameters()` (the optimizer's)."""
+        slots = self.model.slots()
+        return [n for n, p in slots.items() if n in self.method.prompts and p.requires_grad and p.numel()]
+
+    def group_step(self, batches: list[tuple[Tensor, ...]], prompts: list[dict[str, Tensor]],
+                   starts: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+        """One step of several clients at once: batch k with prompts[k] (started from starts[k]). Returns each
+        client's {"loss", "loss_pos", "loss_neg"}; the sum of the losses is what to backpropagate (client k's
+        prompts only reach its own loss, so each gets its own gradient)."""
+        sizes = [len(b[0]) for b in batches]
+        images = torch.cat([b[0] for b in batches])
+        owners = torch.repeat_interleave(torch.arange(len(batches), device=images.device),
+                                         torch.tensor(sizes, device=images.device))
+        logits = self.method.group_logits(self.model, images, owners, prompts)
+        outs = []
+        for k, (part, (_, labels, mask)) in enumerate(zip(logits.split(sizes), batches)):
+            loss, loss_pos, loss_neg = self.labeller.loss(part, labels, mask, self.class_weights)
+            penalty = self.method.penalty(self.model, starts[k], prompts[k])
+            outs.append({"loss": loss if penalty is None else loss + penalty, "loss_pos": loss_pos, "loss_neg": loss_neg})
+        return outs
+
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int = 0) -> dict[str, Tensor]:
         """batch = (images (B, 3, H, W), pseudo-labels (B,), the labeller's class mask (B, C) bool)."""
         images, labels, mask = batch
@@ -77,13 +99,15 @@ class PromptTuner(L.LightningModule):
             loss = loss + penalty
         return {"loss": loss, "loss_pos": loss_pos, "loss_neg": loss_neg}
 
-    def configure_optimizers(self, round_idx: int = 0) -> dict:
+    def configure_optimizers(self, round_idx: int = 0, params: list[Tensor] | None = None) -> dict:
         """SGD over the prompts only (the reference's two SGDs with equal settings act as this one) and its
         cosine schedule, stepped once per local epoch: lr = lr0 * (1 + cos(pi * e / E)) / 2, where e counts
         the local epochs since the last pseudo-label refresh and E = refresh_every * local_epochs. The
-        scheduler starts at the first local epoch of round `round_idx`, so it restarts at every refresh."""
+        scheduler starts at the first local epoch of round `round_idx`, so it restarts at every refresh.
+        `params`: other tensors than the model's trainable prompts (a client of a group, `train_group`)."""
         optimizer = torch.optim.SGD(
-            self.model.trainable_parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+            self.model.trainable_parameters() if params is None else params, lr=self.lr, momentum=self.momentum,
+            weight_decay=self.weight_decay,
         )
         first_epoch = (round_idx % self.refresh_every) * self.local_epochs
         schedule = partial(cosine_factor, first_epoch=first_epoch, total_epochs=self.refresh_every * self.local_epochs)

@@ -34,6 +34,7 @@ class LocalWork:
     num_workers: int  # DataLoader workers
     seed: int  # run.seed: every client's data order derives from it
     log_every_n_steps: int = 0  # print the training loss every n optimizer steps (0: never)
+    clients_per_step: int = 1  # clients of a group trained in one batch (fixed groups of consecutive ids)
 
 
 @dataclass

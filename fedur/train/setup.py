@@ -59,9 +59,10 @@ def setup(
         model, method, labeller, optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every,
     ).to(fabric.device)
     start = model.prompts(method.prompts)  # every client starts from the same prompts
-    local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank)
+    local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank, cfg.run.clients_per_step)
     clients = [ClientState(k, train_parts[k], test_parts[k], dict(start)) for k in local_ids]
-    work = LocalWork(optim.batch_size, optim.eval_batch_size, d.num_workers, cfg.run.seed, cfg.run.log_every_n_steps)
+    work = LocalWork(optim.batch_size, optim.eval_batch_size, d.num_workers, cfg.run.seed, cfg.run.log_every_n_steps,
+                     cfg.run.clients_per_step)
     zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
     rank = Rank(fabric, collectives, tuner, clients, dataset, loading.transform, zero_shot_text, fed.num_clients, work, progress)
     counts = tuple(class_histogram(s.labels, parts, dataset.num_classes)

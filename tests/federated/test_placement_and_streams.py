@@ -11,6 +11,20 @@ def test_contiguous_balanced_blocks():
     assert clients_on_rank(4, 1, 0) == [0, 1, 2, 3]
 
 
+def test_groups_of_clients_stay_whole_on_a_rank():
+    """run.clients_per_step = 3: groups {0,1,2} {3,4,5} {6,7,8} {9} are placed whole, in balanced blocks."""
+    assert [clients_on_rank(10, 2, r, group=3) for r in range(2)] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]
+    assert [clients_on_rank(10, 4, r, group=3) for r in range(4)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert [clients_on_rank(4, 3, r, group=2) for r in range(3)] == [[0, 1], [2, 3], []]
+    assert [clients_on_rank(10, 4, r, group=1) for r in range(4)] == [clients_on_rank(10, 4, r) for r in range(4)]
+    for world in (1, 2, 3, 5, 8):
+        hosted = [clients_on_rank(10, world, r, group=3) for r in range(world)]
+        assert sorted(k for ids in hosted for k in ids) == list(range(10))
+        assert all(len({k // 3 for k in ids} & {k // 3 for k in other}) == 0
+                   for i, ids in enumerate(hosted) for other in hosted[i + 1:])  # no group split across ranks
+    assert placement_table(4, [(0, 0), (0, 1)], None, group=3)["ranks"][1]["clients"] == [3]
+
+
 def test_more_ranks_than_clients_leaves_spare_ranks():
     """CUB's 5 clients on 8 GPUs: ranks 0-4 host one client each, ranks 5-7 none."""
     assert [clients_on_rank(5, 8, r) for r in range(8)] == [[0], [1], [2], [3], [4], [], [], []]

@@ -69,6 +69,25 @@ def test_prompts_are_replaced_block_by_block(tiny_clip):
         assert torch.allclose(encode_image_prompted(visual, images, prompts), expected, atol=1e-6)
 
 
+def test_each_image_its_own_prompts_and_classes(tiny_clip):
+    """Several clients in one batch: per-image visual prompts and per-image class features give what each
+    client's own pass gives (up to rounding), and the gradient of one client's loss reaches only its prompts."""
+    model = PromptedCLIP(tiny_clip, CLASSES, n_ctx=4, visual_tokens=5, visual_depth=None, init_std=0.02, seed=1)
+    visual = [torch.randn(2, 5, 64, requires_grad=True) for _ in range(2)]
+    ctx = [torch.randn(4, 64, requires_grad=True) for _ in range(2)]
+    images, owners = torch.randn(5, 3, 32, 32), torch.tensor([0, 0, 0, 1, 1])
+    text = torch.stack([model.text_features(c) for c in ctx])  # (2, C, D)
+    together = model.logits(model.image_features(images, visual=torch.stack(visual)[owners]), text, owners)
+    with torch.no_grad():
+        for k, rows in ((0, slice(0, 3)), (1, slice(3, 5))):
+            alone = model.logits(model.image_features(images[rows], visual=visual[k]), model.text_features(ctx[k]))
+            assert torch.allclose(together[rows], alone, atol=1e-5)
+    together[3:].sum().backward()  # client 1's images only
+    assert visual[0].grad is None or visual[0].grad.abs().sum() == 0
+    assert ctx[0].grad is None or ctx[0].grad.abs().sum() == 0
+    assert visual[1].grad.abs().sum() > 0 and ctx[1].grad.abs().sum() > 0
+
+
 def test_logits_are_scaled_cosines(tiny_clip):
     model = PromptedCLIP(tiny_clip, CLASSES, n_ctx=2, visual_tokens=0, visual_depth=None, init_std=0.02, seed=1)
     images = torch.randn(2, 3, 32, 32)

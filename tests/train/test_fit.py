@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from fedur.main import parse_config, run
@@ -150,3 +151,28 @@ def test_the_image_cache_changes_nothing_but_speed(tmp_path):
         _, row = run_smoke(tmp_path / cache, "--data.cache", cache)
         rows.append({k: v for k, v in row.items() if k not in ("round_seconds", "phase_seconds")})
     assert rows[0] == rows[1]
+
+
+def test_clients_trained_together_equal_one_after_the_other(tmp_path):
+    """run.clients_per_step 2 (groups {0, 1}, {2, 3}) and 3 (groups {0, 1, 2}, {3}), with client momentum and
+    PromptProx's penalty: the same pseudo-labels and accuracies, and prompts and momenta equal up to rounding."""
+    runs = {}
+    for name, extra in (("one", []), ("two", ["--run.clients_per_step", "2"]), ("three", ["--run.clients_per_step", "3"]),
+                        ("prox-one", ["--method.name", "promptprox"]),
+                        ("prox-two", ["--method.name", "promptprox", "--run.clients_per_step", "2"])):
+        cfg, config_yaml = parse_config(["--config", "tests/tiny.yaml", "--federation.rounds", "3", "--federation.refresh_every", "1",
+                                         "--optim.optimizer_state", "client", "--run.output_dir", str(tmp_path / name), *extra])
+        runs[name] = run(cfg, config_yaml)
+    for a, b in (("one", "two"), ("one", "three"), ("prox-one", "prox-two")):
+        rows = [[json.loads(line) for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in (a, b)]
+        for x, y in zip(*rows):
+            assert x["selection"] == y["selection"] and x["client_accuracy"] == y["client_accuracy"]
+            assert x["loss"] == pytest.approx(y["loss"], rel=1e-4)
+        for p, q in zip(runs[a].clients, runs[b].clients):
+            assert p.prompts.keys() == q.prompts.keys()
+            for name in p.prompts:
+                assert torch.allclose(p.prompts[name], q.prompts[name], atol=1e-5), name
+            momentum = [s["momentum_buffer"] for s in (p.optimizer_state[0], q.optimizer_state[0])]
+            assert torch.allclose(*momentum, atol=1e-5)
+    placement = json.loads((tmp_path / "three" / "placement.json").read_text())
+    assert placement["ranks"][0]["clients"] == [0, 1, 2, 3]
