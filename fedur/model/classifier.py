@@ -79,8 +79,12 @@ class PromptedCLIP(nn.Module):
             slots["text_local"] = self.text_local
         return slots
 
+    def trainable_slots(self) -> dict[str, nn.Parameter]:
+        """The prompt slots that train, by name, in the optimizer's order."""
+        return {name: p for name, p in self.slots().items() if p.requires_grad and p.numel()}
+
     def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.slots().values() if p.requires_grad and p.numel()]
+        return list(self.trainable_slots().values())
 
     def text_features(self, ctx: Tensor | None = None) -> Tensor:
         """(C, D) unit-norm class features with the text context `ctx` (default: `text_prompt.ctx`)."""

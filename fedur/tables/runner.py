@@ -119,19 +119,22 @@ def other_settings(specs: list[RunSpec], inputs: "Inputs") -> list[tuple[RunSpec
     """Finished runs whose settings that change results (as their last checkpoint recorded them) differ from
     what this call would run: [(run, {key: (theirs, this call's)})]. Runs without a checkpoint (zero-shot)
     are not checked; launch settings (threads, devices, paths) and the precision never count."""
-    from dataclasses import asdict
-
-    from fedur.config import result_settings
-    from fedur.main import build_parser, parse_config
-
     clashes, parser = [], None
     for spec in specs:
-        markers = sorted(spec.run_dir.glob("checkpoints/round_*/COMMITTED.json"))
-        if status(spec) != "done" or not markers:
+        if status(spec) != "done":
             continue
+        markers = sorted(spec.run_dir.glob("checkpoints/round_*/COMMITTED.json"))
+        if not markers:
+            continue
+        if parser is None:  # fedur.main imports torch: only when there is a finished run to check
+            from dataclasses import asdict
+
+            from fedur.config import result_settings
+            from fedur.main import build_parser, parse_config
+
+            parser = build_parser()
         theirs = json.loads(markers[-1].read_text()).get("settings", {})
         cmd = command(spec, inputs)
-        parser = parser or build_parser()
         cfg, _ = parse_config(cmd[cmd.index("--config"):], parser)
         ours = json.loads(json.dumps(result_settings(asdict(cfg))))  # as the marker stores them (tuples -> lists)
         diff = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))

@@ -147,7 +147,7 @@ def train_group(rank: "Rank", clients: list[ClientState], round_idx: int, optimi
     training them one after the other, up to float rounding.
     """
     fabric, tuner, work, progress = rank.fabric, rank.tuner, rank.work, rank.progress
-    names = tuner.trainable_names()
+    names = list(tuner.model.trainable_slots())  # the optimizer's order, as for one client
     device = fabric.device
     prompts = [{n: t.to(device) for n, t in c.prompts.items()} for c in clients]
     for p in prompts:  # the trained prompts become this step's own leaves, in the optimizer's order

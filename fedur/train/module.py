@@ -68,11 +68,6 @@ class PromptTuner(L.LightningModule):
     def forward(self, images: Tensor) -> Tensor:
         return self.method.logits(self.model, images, self.method.text_side(self.model), self.client)
 
-    def trainable_names(self) -> list[str]:
-        """The method's prompts that train, in the order of `model.trainable_parameters()` (the optimizer's)."""
-        slots = self.model.slots()
-        return [n for n, p in slots.items() if n in self.method.prompts and p.requires_grad and p.numel()]
-
     def group_step(self, batches: list[tuple[Tensor, ...]], prompts: list[dict[str, Tensor]],
                    starts: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
         """One step of several clients at once: batch k with prompts[k] (started from starts[k]). Returns each
