@@ -1,11 +1,11 @@
-"""Does FedUR learn on the demo? FedUR vs FedCoPL vs zero-shot on configs/smoke.yaml, over seeds, on CPU.
+"""Does FedUR learn on the demo? FedUR, FedCoPL and GDA-U vs zero-shot on configs/smoke.yaml, over seeds, on CPU.
 
 The demo CLIP (fedur/model/weights/fedur-demo.pt, see its model card) separates the ten shapes well but
 names them wrongly in a structured way: zero-shot is ~55%, a linear probe ~94%. This runs
 `fedur/main.py --config configs/smoke.yaml` once per variant and seed and writes a Markdown table of
 zero-shot client mean, final mean and gain; `tests/test_learning.py` takes its margin from it.
 
-    python benchmarks/demo_learning.py                    # 5 seeds x 2 variants, ~4.5 min on 2 CPU cores
+    python benchmarks/demo_learning.py                    # 5 seeds x 3 variants, ~5 min on 2 CPU cores
     python benchmarks/demo_learning.py --seeds 1,2,3 --variants fedur
 
 Every run is a fresh process; finished runs in the same --workdir are reused.
@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 VARIANTS = {
     "fedur": [],
-    "fedcopl": ["--method.name", "fedcopl"],  # no class weights, no negatives
+    "fedcopl": ["--method", "FedCoPL"],  # no class weights, no negatives
+    "gdau": ["--method", "GDAU"],  # training-free: EM of a Gaussian discriminant from zero-shot, ensembled with it
 }
 
 
@@ -78,7 +79,7 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     results = {v: {seed: run(v, seed, args) for seed in seeds} for v in args.variants.split(",")}
     text = (
-        f"# FedUR vs FedCoPL on the demo ({args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config})\n\n"
+        f"# FedUR, FedCoPL and GDA-U on the demo ({args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config})\n\n"
         f"`python benchmarks/demo_learning.py --seeds {args.seeds} --variants {args.variants}`: one process per run, "
         "mean client accuracy (%) on each client's test split.\n\n" + table(results) + "\n"
     )

@@ -1,4 +1,6 @@
 """Typed settings of a fedur run. One dataclass per group; a docstring under each field is its `--help`.
+The method, the pseudo-labeller and the dataset are plugins: classes whose constructor arguments are their
+settings (fedur/main.py adds them to the parser).
 
 Config stops here: the entry point and the round loop read these objects and pass plain values on.
 """
@@ -6,7 +8,7 @@ Config stops here: the entry point and the round loop read these objects and pas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from jsonargparse.typing import (
     NonNegativeFloat,
@@ -19,6 +21,11 @@ from jsonargparse.typing import (
 
 # The annotations are the CLI's validation and show in --help: a value outside its range stops the
 # run at parse time with the key and the restriction.
+if TYPE_CHECKING:
+    from fedur.data.datasets import Dataset
+    from fedur.labels.base import Labeller
+    from fedur.methods.base import Method
+
 Fraction = restricted_number_type("Fraction", float, [(">", 0), ("<=", 1)], join="and", docstring="float in (0, 1]")
 
 
@@ -54,35 +61,17 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """The dataset the clients' unlabeled images come from."""
+    """How the dataset's images are prepared for the clients (which dataset: `dataset`, with its own options)."""
 
-    name: Literal[
-        "imagefolder", "cifar10", "cifar100", "dtd", "resisc45", "cub", "ucf101", "domainnet", "officehome",
-        "synthetic",
-    ] = "imagefolder"
-    """imagefolder: your own root/train/<class>/*, root/test/<class>/*; cifar10/cifar100: torchvision
-    (downloaded into data.root when online); dtd, resisc45, cub, ucf101, domainnet, officehome: the
-    paper's benchmarks in the layouts the README describes; synthetic: small generated images for smoke runs."""
-    root: str | None = None
-    """Dataset directory (every dataset but synthetic)."""
     classnames_file: str | None = None
-    """Optional text file with one class name per line, in label order (for imagefolder: the sorted class
+    """Optional text file with one class name per line, in label order (for ImageFolder: the sorted class
     folders); replaces the dataset's own class names."""
     template: str | None = None
     """Zero-shot prompt template with one `{}` (default: the dataset's, 'a photo of a {}.')."""
-    download: bool = True
-    """Download a torchvision dataset into data.root when it is missing."""
-    domains: list[str] | None = None
-    """Multi-domain datasets (domainnet, officehome): the domains to load, in this order (null: all)."""
-    domainnet_classes: Literal[10, 345] = 10
-    """DomainNet classes: the 10-class subset of federated work (FedBN, FedOTP) or all 345."""
-    ucf101_include_val: bool = False
-    """UCF101 from CoOp's split_zhou_UCF101.json: add its "val" images to the train split (unknown in the paper)."""
-    holdout_fraction: OpenUnitInterval = 0.2
-    """Datasets without an official test split (officehome): seeded, stratified share of each domain and
-    class held out as the test split."""
-    holdout_seed: int = 0
-    """Seed of that held-out split; fixed apart from run.seed so every run tests on the same images."""
+    train_fraction: Fraction = 1.0
+    """Keep this stratified, seeded fraction of the train split (for quick experiments)."""
+    test_fraction: Fraction = 1.0
+    """Keep this stratified, seeded fraction of the test split."""
     cache: bool = True
     """Decode every image once into a memory-mapped uint8 cache at the model's input resolution and
     train from it (no JPEG decoding or resizing per epoch)."""
@@ -92,18 +81,6 @@ class DataConfig:
     corrupt_images: Literal["stop", "skip"] = "stop"
     """An image that cannot be decoded stops the run with its path ('stop'), or is left out and counted in
     the run's summary ('skip')."""
-    train_fraction: Fraction = 1.0
-    """Keep this stratified, seeded fraction of the train split (for quick experiments)."""
-    test_fraction: Fraction = 1.0
-    """Keep this stratified, seeded fraction of the test split."""
-    synthetic_classes: int = 10
-    """Synthetic data: number of classes."""
-    synthetic_train_per_class: PositiveInt = 60
-    """Synthetic data: train images per class."""
-    synthetic_test_per_class: PositiveInt = 20
-    """Synthetic data: test images per class."""
-    synthetic_image_size: PositiveInt = 32
-    """Synthetic data: side of the generated images in pixels."""
     num_workers: NonNegativeInt = 2
     """DataLoader worker processes per rank (0 decodes in the main process)."""
 
@@ -140,83 +117,6 @@ class FederationConfig:
     """Seed of the split across clients. 'reference' replays the reference code's random sequence for the
     dataset (FedCoPL reseeds NumPy with 500 before it partitions, so the paper's three seeds share one
     partition); an integer draws a partition of its own (e.g. the run seed for a per-seed partition)."""
-
-
-@dataclass
-class MethodConfig:
-    """The federated method: which prompts each client holds, which the server averages, how logits are
-    formed and what the local loss adds (fedur/methods/). Paired with a pseudo-labeller (`method.labeller`,
-    settings under `labels`)."""
-
-    name: Literal["fedur", "fedcopl", "promptfl", "promptprox", "pfedprompt", "fedotp", "zeroshot"] = "fedur"
-    """fedur / fedcopl: deep visual prompt (averaged) + personal text prompt; promptfl: one averaged text
-    prompt; promptprox: promptfl + a proximal term; pfedprompt: averaged text prompt + a personal cache of
-    pseudo-labelled image features; fedotp: a global and a personal text prompt matched to patch features by
-    unbalanced optimal transport; zeroshot: frozen CLIP with the dataset's template, no training."""
-    labeller: Literal["auto", "fpl", "cpl", "copl", "codpl"] = "auto"
-    """Pseudo-labeller: auto (the method's own: fedur codpl, fedcopl copl, the others fpl); fpl: the top
-    `labels.fpl_per_class` per class and client; cpl: candidate pseudo-label sets; copl: cooperative balanced
-    selection; codpl: copl + class weights + negative pseudo-labels (FedUR's)."""
-    share: Literal["auto", "visual", "both", "text", "none"] = "auto"
-    """Prompts the server averages: auto (the method's: fedur/fedcopl visual only, text prompts personal);
-    'both', 'text', 'none' are ablations of the aggregation protocol (fedur and fedcopl)."""
-    prox_mu: NonNegativeFloat = 0.5
-    """promptprox: mu of the proximal term (mu / 2) * ||prompt - global prompt||^2 (FedOTP's default)."""
-    cache_alpha: NonNegativeFloat = 1.0
-    """pfedprompt: weight of the cache logits alpha * exp(-beta (1 - f k)) v (Tip-Adapter's default)."""
-    cache_beta: PositiveFloat = 5.5
-    """pfedprompt: sharpness beta of the cache's affinities (Tip-Adapter's default)."""
-    ot_eps: PositiveFloat = 0.1
-    """fedotp: entropic regularisation of the Sinkhorn iterations."""
-    ot_top_percent: Fraction = 0.8
-    """fedotp: mass the unbalanced transport plan moves (the share of patches matched)."""
-    ot_max_iter: PositiveInt = 100
-    """fedotp: Sinkhorn iterations at most."""
-    ot_thresh: PositiveFloat = 1e-3
-    """fedotp: Sinkhorn stops when the mean change of the scaling falls below this."""
-
-
-@dataclass
-class LabelsConfig:
-    """The pseudo-labeller's settings. 'auto' values follow `method.labeller`: codpl uses class weights
-    ('inv') and negative pseudo-labels ('mass'), the others neither. Every ablation of the paper's Table 6
-    is one of these switches."""
-
-    cooperative_selection: bool = True
-    """copl/codpl: global allocation of M pseudo-labels per class (Table 6 'Data selection'). Off: each
-    client trains on all its (filtered) samples with their argmax labels."""
-    confidence_filter: bool = True
-    """copl/codpl: estimate the class histogram only from samples whose top-1 probability is above the
-    client's `confidence_quantile` (Table 6 'Confidence')."""
-    entropy_filter: bool = True
-    """copl/codpl: estimate the class histogram only from samples whose entropy is below the client's
-    (1 - `entropy_quantile`) quantile (Table 6 'Entropy')."""
-    confidence_quantile: OpenUnitInterval = 0.5
-    """Quantile of the top-1 probabilities used as the confidence threshold (0.5: the median)."""
-    entropy_quantile: OpenUnitInterval = 0.5
-    """The entropy threshold is the (1 - this) quantile of the entropies (0.5: the median)."""
-    class_weights: Literal["auto", "inv", "inv_sqrt", "none"] = "auto"
-    """Class weights of the cross-entropy from the global selected distribution d_c: inverse frequency
-    normalised to mean 1 ('inv'), its square root ('inv_sqrt'), or off ('none'; Table 6 'Weighted')."""
-    weight_source: Literal["realized", "requested"] = "realized"
-    """d_c from the selected counts each client actually got ('realized') or from the allocation ('requested')."""
-    negatives: Literal["auto", "mass", "threshold", "ratio", "online", "none"] = "auto"
-    """Negative pseudo-labels (Table 6 'Negative'): the lowest classes holding at most `tau_neg` of the
-    probability mass ('mass'), classes with p < tau_neg ('threshold'), the ceil(tau_neg * C) lowest
-    classes ('ratio'), the mass rule on the current model's detached p ('online'), or off ('none')."""
-    tau_neg: OpenUnitInterval = 0.2
-    """tau_neg of the negative rule."""
-    neg_loss_weight: NonNegativeFloat = 1.0
-    """Weight of L_neg in L_pos + weight * L_neg (the paper: 1)."""
-    fpl_per_class: PositiveInt = 16
-    """fpl: pseudo-labels per class and client (the most confident samples predicted as the class)."""
-    cpl_quantiles: tuple[OpenUnitInterval, OpenUnitInterval] | None = None
-    """cpl: (alpha, beta) quantiles of the intra- and inter-instance candidate rules; null: the dataset's
-    value from CPL's scripts ((0.75, 0.95) where they give none)."""
-    cpl_per_class: PositiveInt | Literal["grip"] = 16
-    """cpl: pseudo-labelled samples per class and client; grip: CPL's growing pools, K = (t + 1) * 10% (20% for
-    CUB) of the client's images / C at refresh t (at least 1), each pool holding at most its previous fill +
-    max(1, K - the largest previous fill)."""
 
 
 @dataclass
@@ -263,17 +163,16 @@ class RunConfig:
     committed round). Keep it below the lead time of `#SBATCH --signal`."""
     requeue_on: list[Literal["SIGUSR1", "SIGTERM"]] = field(default_factory=lambda: ["SIGUSR1"])
     """Stop signals after which rank 0 requeues the SLURM job (SIGTERM is also what `scancel` sends)."""
-    fault: str | None = None
-    """Test only: inject a failure, "<kill|raise|hang>:<train|commit>:<round>:<rank>" (fedur/train/faults.py)."""
     seed: int = 1
     """Seed of the prompt init, every client's data order and the train/test fractions (the paper: 1, 2, 3);
     the split across clients has its own `federation.partition_seed`."""
     clients_per_step: PositiveInt = 1
-    """Train this many of a rank's clients together: fixed groups of consecutive client ids, placed whole on
-    ranks, whose batches go through one forward with each client's own prompts; each client keeps its own
-    data order, loss, SGD momentum and schedule. 1: one client after another. The same training up to float
-    rounding (and placement-free for a given value); it keeps a large GPU busy where a client's batches are
-    small. Not for pFedPrompt and FedOTP (their logits are per client)."""
+    """Run this many of a rank's clients together: fixed groups of consecutive client ids, placed whole on
+    ranks, whose batches go through the method's grouped forward (one forward with each client's own prompts
+    where the method has one, else one per client), in training as in pseudo-labelling and evaluation; each
+    client keeps its own data order, loss, SGD momentum and schedule. 1: one client after another. The same
+    results up to float rounding (and placement-free for a given value); it keeps a large GPU busy where a
+    client's batches are small, and saves the fixed cost per client of many small clients."""
     threads: PositiveInt | None = None
     """CPU compute threads per rank; null: CPU cores / ranks on this node. Fix it to compare runs bitwise
     across different placements of clients on ranks."""
@@ -304,39 +203,54 @@ class FabricConfig:
 
 @dataclass
 class Config:
+    """A run's settings: the groups above, and the three plugins (fedur/main.py adds them to the parser)."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
-    method: MethodConfig = field(default_factory=MethodConfig)
-    labels: LabelsConfig = field(default_factory=LabelsConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
-
-
-# Settings that do not change what a run computes: a resumed run may change them freely.
-RESULT_NEUTRAL = {
-    "model.cache_dir", "data.root", "data.download", "data.num_workers", "data.cache", "data.cache_dir",
-    "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
-    "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on", "run.fault", "run.threads", "run.clients_per_step",
-    "run.log_every_n_steps", "run.progress", "fabric.accelerator", "fabric.devices", "fabric.num_nodes",
-    "fabric.strategy",
-}
-
-
-def result_settings(settings: dict) -> dict:
-    """{"group.key": value} of the settings that change results, from `dataclasses.asdict(Config)`."""
-    flat = {f"{group}.{key}": value for group, values in settings.items() for key, value in values.items()}
-    return {key: value for key, value in flat.items() if key not in RESULT_NEUTRAL}
+    method: "Method | None" = None  # fedur.methods.Method: the federated method, with its own settings
+    labeller: "Labeller | None" = None  # fedur.labels.Labeller: the pseudo-labeller (None: the method's own)
+    dataset: "Dataset | None" = None  # fedur.data.datasets.Dataset: where the images come from, with its options
+    settings: dict = field(default_factory=dict)  # the resolved settings as given (plugins as class_path + init_args)
 
 
 GROUPS = {
     "model": ModelConfig,
     "data": DataConfig,
     "federation": FederationConfig,
-    "method": MethodConfig,
-    "labels": LabelsConfig,
     "optim": OptimConfig,
     "run": RunConfig,
     "fabric": FabricConfig,
 }
+PLUGINS = ("method", "labeller", "dataset")
+
+# Settings that do not change what a run computes: a resumed run may change them freely.
+RESULT_NEUTRAL = {
+    "model.cache_dir", "dataset.root", "dataset.download", "data.num_workers", "data.cache", "data.cache_dir",
+    "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
+    "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
+    "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "fabric.accelerator",
+    "fabric.devices", "fabric.num_nodes", "fabric.strategy",
+}
+
+
+def flat_settings(settings: dict) -> dict:
+    """{"group.key": value} of resolved settings: a plugin is "method": its class path, and "method.<arg>"
+    for each of its constructor arguments."""
+    flat = {}
+    for group, values in settings.items():
+        if group in PLUGINS:
+            flat[group] = None if values is None else values.get("class_path")
+            for key, value in ({} if values is None else values.get("init_args") or {}).items():
+                flat[f"{group}.{key}"] = value
+        elif isinstance(values, dict):
+            flat.update({f"{group}.{key}": value for key, value in values.items()})
+    return flat
+
+
+def result_settings(settings: dict) -> dict:
+    """The flat settings (`flat_settings`) that change results: what a checkpoint records and a resume compares."""
+    return {key: value for key, value in flat_settings(settings).items() if key not in RESULT_NEUTRAL}

@@ -16,23 +16,26 @@ if __package__ in (None, ""):  # run as a script: keep fedur/'s folders from sha
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
+import inspect
+import re
 import time
 from argparse import ArgumentError
-from dataclasses import asdict
 
 import torch
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_parsing_settings
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance, set_parsing_settings
 
-from fedur.config import GROUPS, Config, result_settings
-from fedur.data.datasets import DataUnavailableError, check_available
+import fedur.data  # noqa: F401  (every built-in dataset class, so that --dataset finds it by name)
+from fedur.config import GROUPS, PLUGINS, Config, result_settings
+from fedur.data.datasets import Dataset, DataUnavailableError, ImageFolder
 from fedur.data.partition import PartitionError
 from fedur.federated.collectives import CollectiveError
+from fedur.labels import Labeller
 from fedur.launch_env import LaunchEnv, make_fabric, set_threads
-from fedur.methods import build_method
+from fedur.methods import FedUR, Method
 from fedur.model.clip import ModelUnavailableError, check_model
+from fedur.train import faults
 from fedur.train import run_dir as run_dirs
 from fedur.train.checkpoint import CheckpointError
-from fedur.train.faults import parse_fault
 from fedur.train.preemption import StopRequest
 
 
@@ -46,6 +49,32 @@ USER_ERRORS = (
     ArgumentError, ConfigError, DataUnavailableError, ModelUnavailableError, PartitionError, CheckpointError,
     run_dirs.RunDirError,
 )
+
+PLUGIN_HELP = {
+    "method": "The federated method: FedUR (default), FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, GDAU, "
+              "ZeroShot, or the import path of a class of your own (a subclass of fedur.methods.Method). Its "
+              "settings: --method.<arg>; list them with --method.help CLASS.",
+    "labeller": "The pseudo-labeller: FPL, CPL, CoPL, CoDPL, or the import path of a class of your own (a subclass "
+                "of fedur.labels.Labeller); null (default): the method's own (FedUR: CoDPL, FedCoPL: CoPL, the "
+                "baselines: FPL). Its settings: --labeller.<arg>; list them with --labeller.help CLASS.",
+    "dataset": "Where the clients' images come from: ImageFolder (default: dataset.root/train/<class>/*, "
+               "dataset.root/test/<class>/*), CIFAR10, CIFAR100, DTD, RESISC45, CUB, UCF101, DomainNet, OfficeHome, "
+               "Synthetic, or the import path of a class of your own (a subclass of fedur.data.datasets.Dataset). "
+               "Its settings: --dataset.<arg>; list them with --dataset.help CLASS.",
+}
+
+# Keys of fedur before methods, labellers and datasets were classes, and what replaces them.
+LEGACY_KEYS = {
+    "method.name": "--method CLASS (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU)",
+    "method.labeller": "--labeller CLASS (FPL, CPL, CoPL, CoDPL)",
+    "labels.": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
+    "data.name": "--dataset CLASS (CIFAR10, CUB, ImageFolder, Synthetic, ...)",
+    "data.root": "--dataset.root",
+    "method.prox_mu": "--method PromptProx --method.mu",
+    "method.cache_": "--method PFedPrompt --method.cache_alpha / cache_beta",
+    "method.ot_": "--method FedOTP --method.eps / top_percent / max_iter / thresh",
+    "run.fault": "the FEDUR_FAULT environment variable (fedur/train/faults.py)",
+}
 
 
 def build_parser() -> ArgumentParser:
@@ -62,6 +91,9 @@ def build_parser() -> ArgumentParser:
         "--check_data", action="store_true",
         help="Check the dataset's layout, print its image counts per split, class and domain, and exit without training.",
     )
+    parser.add_argument("--method", type=Method, default=lazy_instance(FedUR), help=PLUGIN_HELP["method"])
+    parser.add_argument("--labeller", type=Labeller | None, default=None, help=PLUGIN_HELP["labeller"])
+    parser.add_argument("--dataset", type=Dataset, default=lazy_instance(ImageFolder), help=PLUGIN_HELP["dataset"])
     for name, group in GROUPS.items():
         parser.add_class_arguments(group, name, help=group.__doc__)
     return parser
@@ -76,29 +108,71 @@ def parse_config(argv: list[str] | None = None, parser: ArgumentParser | None = 
 
 def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = None) -> tuple[Config, str, Namespace]:
     parser = parser or build_parser()
-    namespace = parser.parse_args(argv)
-    resolved = Namespace({name: namespace[name] for name in GROUPS})
+    try:
+        namespace = parser.parse_args(argv)
+    except ArgumentError as err:
+        raise ArgumentError(None, explain(str(err), sys.argv[1:] if argv is None else argv)) from err
+    keys = (*PLUGINS, *GROUPS)
+    resolved = Namespace({name: namespace[name] for name in keys})
     config_yaml = parser.dump(resolved)
-    groups = parser.instantiate(resolved)
-    return Config(**{name: groups[name] for name in GROUPS}), config_yaml, namespace
+    objects = parser.instantiate(resolved)
+    settings = {name: _plain(resolved[name]) for name in keys}
+    return Config(**{name: objects[name] for name in keys}, settings=settings), config_yaml, namespace
+
+
+def _plain(value):
+    """A namespace as plain dicts and lists (what config.yaml and summary.json hold)."""
+    if isinstance(value, Namespace):
+        return {k: _plain(v) for k, v in vars(value).items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def explain(message: str, argv: list[str]) -> str:
+    """A parse error, with what to do: the known classes for an unknown plugin name, the class to name first
+    for a plugin setting given without one, and what replaces a key of fedur before plugins."""
+    for old, new in LEGACY_KEYS.items():
+        if any(arg.lstrip("-").startswith(old) for arg in argv) or f"{old.split('.')[0]}:\n  {old.split('.')[1]}" in message:
+            return f"{message} (`{old}` is gone: use {new}; see docs/extending.md)"
+    unknown = re.search(r'Parser key "(method|labeller|dataset)":.*?Expected a dot import path string: (\S+)', message, re.DOTALL)
+    if unknown:
+        key, name = unknown.groups()
+        names = plugin_names(key)
+        close = [n for n in names if n.lower() == name.lower()]
+        hint = f" (did you mean --{key} {close[0]}? names are class names)" if close else ""
+        return (f"--{key} {name}: no such {key}{hint}; fedur's own: {', '.join(names)}, or the import path of a class "
+                "of your own (mypackage.module.ClassName)")
+    abstract = re.search(r'Parser key "(method|labeller|dataset)":.*is abstract', message, re.DOTALL)
+    if abstract:
+        key = abstract.group(1)
+        return f"{message} (name the {key} before its settings: --{key} CLASS --{key}.<arg> ...)"
+    return message
+
+
+def plugin_names(key: str) -> list[str]:
+    """The class names `--<key>` takes for fedur's own plugins."""
+    base = {"method": Method, "labeller": Labeller, "dataset": Dataset}[key]
+    found, todo = [], list(base.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo += cls.__subclasses__()
+        if not inspect.isabstract(cls) and cls.__module__.startswith("fedur.") and not cls.__name__.startswith(("_", "LazyInstance")):
+            found.append(cls.__name__)
+    return sorted(set(found))
 
 
 def validate(cfg: Config, env: LaunchEnv) -> None:
-    """What the annotations in config.py cannot check: settings that must fit together, and whether the
-    model and data can be had; before anything is loaded or launched."""
+    """What the annotations cannot check: settings that must fit together, and whether the model and data
+    can be had; before anything is loaded or launched."""
+    method = cfg.method
     try:
-        method = build_method(cfg.method)
+        method.pair(cfg.labeller)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     if method.trains and cfg.model.n_ctx + method.visual_tokens(cfg.model.visual_tokens) == 0:
-        raise ConfigError(f"nothing to train: method.name={method.name} has no prompt with model.n_ctx={cfg.model.n_ctx} "
+        raise ConfigError(f"nothing to train: {type(method).__name__} has no prompt with model.n_ctx={cfg.model.n_ctx} "
                           f"and model.visual_tokens={cfg.model.visual_tokens}")
-    if method.labeller == "cpl" and (cfg.labels.negatives not in ("auto", "none") or cfg.labels.class_weights not in ("auto", "none")):
-        raise ConfigError("method.labeller=cpl trains on candidate sets with its own loss: labels.negatives and "
-                          "labels.class_weights must be auto or none")
-    if cfg.run.clients_per_step > 1 and not method.groupable:
-        raise ConfigError(f"run.clients_per_step={cfg.run.clients_per_step}: method.name={method.name} forms each client's "
-                          "logits from its own state and trains one client at a time; use run.clients_per_step=1")
     if cfg.run.clients_per_step > 1 and cfg.optim.optimizer_state == "shared":
         raise ConfigError("run.clients_per_step > 1 trains clients at once, so no momentum can pass from one to the "
                           "next (optim.optimizer_state=shared); use optim.optimizer_state=client or reset")
@@ -107,11 +181,11 @@ def validate(cfg: Config, env: LaunchEnv) -> None:
     if env.precision_error():
         raise ConfigError(env.precision_error())
     try:
-        parse_fault(cfg.run.fault)
+        faults.injected()
     except ValueError as err:
         raise ConfigError(str(err)) from err
     check_model(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
-    check_available(cfg.data.name, cfg.data.root, cfg.data.download, domains=cfg.data.domains)
+    cfg.dataset.check()
 
 
 def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
@@ -121,7 +195,7 @@ def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
     cfg.fabric.precision = env.resolved_precision(cfg.fabric)  # recorded resolved: auto is not the same on CPU and GPU
     run = cfg.run
     run_dir, resume = run_dirs.resolve(
-        run.output_dir, run.resume, run.force_resume, cfg.federation.num_clients, result_settings(asdict(cfg))
+        run.output_dir, run.resume, run.force_resume, cfg.federation.num_clients, result_settings(cfg.settings)
     )
     if run.resume == "auto" and resume is None and env.is_rank_zero and run_dir.root.is_dir():
         removed = run_dir.clear_without_commit()  # a job that died before its first commit starts over
@@ -145,7 +219,7 @@ def check_data(cfg: Config) -> None:
     from fedur.data.inspect import dataset_report
     from fedur.train.setup import load_data
 
-    print(dataset_report(load_data(cfg)))  # every loader checks its layout first
+    print(dataset_report(load_data(cfg)))  # every dataset checks its layout first
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -104,15 +104,24 @@ def _best_at(values: list[float | None]) -> str:
     return "" if value is None else f"{_pct(value)} @ {index + 1}"
 
 
+def dataset_name(settings: dict) -> str:
+    """The dataset's key as summaries record it: "synthetic" for `dataset: {class_path: ...Synthetic}` (and
+    data.name in runs of fedur before datasets were classes)."""
+    dataset = settings.get("dataset")
+    if isinstance(dataset, dict) and dataset.get("class_path"):
+        return dataset["class_path"].rsplit(".", 1)[-1].lower()
+    return str(settings.get("data", {}).get("name", "?"))
+
+
 def run_row(run: Run) -> list[str]:
-    fed, data = run.settings.get("federation", {}), run.settings.get("data", {})
+    fed = run.settings.get("federation", {})
     partition = fed.get("partition", "?")
     if partition in ("dirichlet", "domain_dirichlet"):
         partition += f" (beta {fed.get('beta')})"
     means = [r["mean_accuracy"] for r in run.rounds]
     wall = run.summary.get("wall_seconds") if run.complete else sum(r["round_seconds"] for r in run.rounds)
     return [
-        run.name, str(data.get("name", "?")), partition, str(fed.get("num_clients", "?")),
+        run.name, run.summary.get("dataset") or dataset_name(run.settings), partition, str(fed.get("num_clients", "?")),
         f"{len(run.rounds)}/{fed.get('rounds', '?')}", _pct(run.zero_shot.get("zero_shot_client_mean")),
         _pct(means[-1] if means else None), _best_at(means),
         format_duration(wall) + ("" if run.complete else " so far"), "complete" if run.complete else "incomplete",

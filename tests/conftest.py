@@ -50,10 +50,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ok(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+def run_ok(cmd: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a command in the repository, offline, and require that it succeeds (its output tail if not)."""
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            env={**(os.environ if env is None else env), "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

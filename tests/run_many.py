@@ -1,7 +1,7 @@
 """Test helper: several fedur runs one after the other in the same processes, so that a multi-rank test
 pays for `fabric run`'s start once. Each argument is one run's command line as a JSON list.
 
-    fabric run --devices 2 tests/run_many.py '["--config", "tests/tiny.yaml", ...]' '[...]'
+    fabric run --devices 2 tests/run_many.py '["--config", "configs/tiny.yaml", ...]' '[...]'
 """
 
 import json

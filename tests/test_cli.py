@@ -45,7 +45,7 @@ def test_help_documents_every_option(run_main):
 
 
 def test_print_config_and_overrides(run_main):
-    out = run_main("--config", "tests/tiny.yaml", "--federation.rounds", "7", "--print_config").stdout
+    out = run_main("--config", "configs/tiny.yaml", "--federation.rounds", "7", "--print_config").stdout
     assert "rounds: 7" in out and "name: fedur-tiny" in out
 
 
@@ -63,7 +63,11 @@ def test_overrides_and_later_configs_win(tmp_path):
         (["--federation.join_rate", "1.5"], "federation.join_rate\": Not of type Fraction: 1.5 does not conform to restriction v>0 and v<=1"),
         (["--model.n_ctx", "-1"], "model.n_ctx\": Not of type NonNegativeInt: -1"),
         (["--model.visual_tokens", "-2"], "model.visual_tokens\": Not of type NonNegativeInt: -2"),
-        (["--labels.tau_neg", "1.2"], "labels.tau_neg\": Not of type OpenUnitInterval: 1.2"),
+        (["--labeller", "CoDPL", "--labeller.tau_neg", "1.2"], "Not of type OpenUnitInterval: 1.2"),
+        (["--method", "PromptProx", "--method.mu", "-1"], "Not of type NonNegativeFloat: -1"),
+        (["--method", "PromptFL", "--method.share", "visual"], "share"),  # PromptFL has no share setting
+        (["--labeller", "CPL", "--labeller.negatives", "mass"], "negatives"),  # nor CPL negatives
+        (["--method", "fedur"], "--method fedur"),  # a class name, with the choices in the message
         (["--optim.batch_size", "0"], "optim.batch_size\": Not of type PositiveInt: 0"),
         (["--data.train_fraction", "0"], "data.train_fraction\": Not of type Fraction: 0"),
     ],
@@ -71,7 +75,7 @@ def test_overrides_and_later_configs_win(tmp_path):
 def test_settings_out_of_range_fail_at_parse_time(override, message):
     """The ranges live in config.py's annotations: jsonargparse refuses such values and --help shows them."""
     with pytest.raises(ArgumentError) as error:
-        parse_config(["--config", "tests/tiny.yaml", *override])
+        parse_config(["--config", "configs/tiny.yaml", *override])
     assert message in " ".join(str(error.value).split())
 
 
@@ -80,22 +84,22 @@ def test_settings_out_of_range_fail_at_parse_time(override, message):
     [
         (["--model.n_ctx", "0", "--model.visual_tokens", "0"], "nothing to train"),
         (["--model.name", "ViT-Huge-Nope"], "Unknown open_clip model"),
-        (["--data.name", "imagefolder", "--data.root", "/nonexistent/data"], "/nonexistent/data/train is missing"),
+        (["--dataset", "ImageFolder", "--dataset.root", "/nonexistent/data"], "/nonexistent/data/train is missing"),
         (["--optim.optimizer_state", "shared", "--fabric.accelerator", "cpu", "--fabric.devices", "2"], "needs one rank"),
-        (["--method.name", "promptfl", "--model.n_ctx", "0"], "nothing to train: method.name=promptfl"),
-        (["--method.name", "promptfl", "--method.share", "visual"], "which method.name=promptfl does not have"),
-        (["--method.labeller", "cpl", "--labels.negatives", "mass"], "labels.negatives and labels.class_weights"),
+        (["--method", "PromptFL", "--model.n_ctx", "0"], "nothing to train: PromptFL has no prompt"),
+        (["--method", "ZeroShot", "--labeller", "FPL"], "ZeroShot trains nothing, so it uses no pseudo-labeller"),
+        (["--method", "GDAU", "--labeller", "CoDPL"], "GDAU trains nothing"),
     ],
 )
 def test_settings_that_do_not_fit_together_fail_before_compute(override, message):
-    cfg, _ = parse_config(["--config", "tests/tiny.yaml", *override])
+    cfg, _ = parse_config(["--config", "configs/tiny.yaml", *override])
     with pytest.raises(Exception, match=re.escape(message)):
         validate(cfg, LaunchEnv.read({}))
 
 
 def test_bad_input_exits_2_and_touches_nothing(tmp_path, run_main):
     out_dir = tmp_path / "run"
-    result = run_main("--config", "tests/tiny.yaml", "--federation.beta", "-1", "--run.output_dir", str(out_dir))
+    result = run_main("--config", "configs/tiny.yaml", "--federation.beta", "-1", "--run.output_dir", str(out_dir))
     assert result.returncode == 2
     assert result.stderr == 'fedur: error: Parser key "federation.beta": Not of type PositiveFloat: -1 does not conform to restriction v>0\n'
     assert not out_dir.exists()
@@ -111,7 +115,7 @@ def test_offline_real_config_stops_at_once_with_what_to_download(run_main):
 
 def test_existing_run_directory_is_never_overwritten(tmp_path, run_main):
     (tmp_path / "keep.txt").write_text("earlier results")
-    result = run_main("--config", "tests/tiny.yaml", "--run.output_dir", str(tmp_path))
+    result = run_main("--config", "configs/tiny.yaml", "--run.output_dir", str(tmp_path))
     assert result.returncode == 2 and "not empty" in result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
 
@@ -128,7 +132,7 @@ def test_precision_auto_and_fabric_run_flags():
     assert cli.cli and not cli.is_rank_zero and cli.expected_world_size(FabricConfig()) == 3
     assert LaunchEnv.read({"LT_DEVICES": "4", "LT_NUM_NODES": "2"}).expected_world_size(FabricConfig(accelerator="cpu")) == 8
     assert not LaunchEnv.read({"LOCAL_RANK": "1"}).is_rank_zero  # Fabric's own launcher's second process
-    cfg, _ = parse_config(["--config", "tests/tiny.yaml"])
+    cfg, _ = parse_config(["--config", "configs/tiny.yaml"])
     with pytest.raises(ConfigError, match="GradScaler"):
         validate(cfg, LaunchEnv.read({"LT_PRECISION": "16-mixed"}))
 
@@ -146,7 +150,7 @@ def finished_run(tmp_path_factory):
     from fedur.main import run
 
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    cfg, config_yaml = parse_config(["--config", "tests/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(run_dir)])
+    cfg, config_yaml = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(run_dir)])
     run(cfg, config_yaml)
     return run_dir
 
@@ -200,7 +204,8 @@ def bad_input_case(case: str, tmp_path, finished_run):
         return [*fresh, "--model.name", "broken", "--model.config_file", str(inputs / "broken.json")], "is not valid JSON"
     if case in ("empty class", "names mismatch", "corrupt image"):
         root = image_folder(inputs / "data", {"cat": 0 if case == "empty class" else 12, "dog": 12}, corrupt=case == "corrupt image")
-        data = [*fresh, "--data.name", "imagefolder", "--data.root", str(root), "--federation.num_clients", "2", "--federation.min_train_per_client", "1"]
+        data = [*fresh, "--dataset", "ImageFolder", "--dataset.root", str(root), "--federation.num_clients", "2",
+                "--federation.min_train_per_client", "1"]
         if case == "names mismatch":
             (inputs / "names.txt").write_text("cat\n")
             return [*data, "--data.classnames_file", str(inputs / "names.txt")], "has 1 names but there are 2 classes (cat, dog)"
@@ -216,12 +221,13 @@ def bad_input_case(case: str, tmp_path, finished_run):
         ),
         "n_ctx": ([*fresh, "--model.n_ctx", "-1"], "model.n_ctx\": Not of type NonNegativeInt: -1"),
         "prompt tokens": ([*fresh, "--model.visual_tokens", "-1"], "model.visual_tokens\": Not of type NonNegativeInt: -1"),
-        "unknown dataset": ([*fresh, "--data.name", "imagenet-nope"], "data.name"),
+        "unknown dataset": ([*fresh, "--dataset", "ImageNetNope"], "--dataset ImageNetNope"),
+        "old settings": ([*fresh, "--method.name", "fedotp"], "`method.name` is gone: use --method CLASS"),
         "unknown model": ([*fresh, "--model.name", "ViT-Huge-Nope"], "Unknown open_clip model"),
         "missing checkpoint": (["--run.resume", str(tmp_path / "no-such-run")], "does not exist"),
         "run directory taken": (["--run.output_dir", str(finished_run)], "already exists and is not empty (it holds a checkpoint"),
-        "clients per step": ([*fresh, "--method.name", "fedotp", "--run.clients_per_step", "2"],
-                             "run.clients_per_step=2: method.name=fedotp forms each client's logits from its own state"),
+        "shared momentum in groups": ([*fresh, "--optim.optimizer_state", "shared", "--run.clients_per_step", "2"],
+                                      "run.clients_per_step > 1 trains clients at once"),
     }[case]
 
 
@@ -230,13 +236,14 @@ def bad_input_case(case: str, tmp_path, finished_run):
     [
         "beta", "join rate", "more clients than samples", "n_ctx", "prompt tokens",
         "unknown dataset", "unknown model", "bad model json", "truncated weights", "weights of another architecture", "missing checkpoint", "corrupt checkpoint",
-        "changed settings", "empty class", "names mismatch", "corrupt image", "run directory taken", "clients per step",
+        "changed settings", "empty class", "names mismatch", "corrupt image", "run directory taken", "shared momentum in groups",
+        "old settings",
     ],
 )
 def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tmp_path, finished_run, run_main):
     args, message = bad_input_case(case, tmp_path, finished_run)
     before, finished_before = snapshot(tmp_path), snapshot(finished_run)
-    result = run_main("--config", "tests/tiny.yaml", *args)
+    result = run_main("--config", "configs/tiny.yaml", *args)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
     assert result.stderr.count("fedur: error: ") == 1 and "Traceback" not in result.stderr
@@ -245,12 +252,12 @@ def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tm
 
 def test_check_data_prints_counts_and_trains_nothing(tmp_path, run_main):
     root = image_folder(tmp_path / "data", {"cat": 3, "dog": 2})
-    result = run_main("--config", "tests/tiny.yaml", "--data.name", "imagefolder", "--data.root", str(root), "--check_data")
+    result = run_main("--config", "configs/tiny.yaml", "--dataset", "ImageFolder", "--dataset.root", str(root), "--check_data")
     assert result.returncode == 0, result.stderr
     assert "imagefolder: 2 classes, 5 train / 5 test images" in result.stdout
     assert [line.split() for line in result.stdout.splitlines() if line.strip().startswith(("0", "1"))] == [
         ["0", "cat", "3", "3"], ["1", "dog", "2", "2"],
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
-    missing = run_main("--config", "tests/tiny.yaml", "--data.name", "cub", "--data.root", str(tmp_path / "nope"), "--check_data")
+    missing = run_main("--config", "configs/tiny.yaml", "--dataset", "CUB", "--dataset.root", str(tmp_path / "nope"), "--check_data")
     assert missing.returncode == 2 and str(tmp_path / "nope") in missing.stderr

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fedur.data.datasets import dataset_classes
 from fedur.main import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 PAPER = [p for p in CONFIGS if "paper" in p.relative_to(REPO / "configs").parts]
 DOMAINS = {"domainnet": 6, "officehome": 4}
-DATASETS = ["cifar10", "cifar100", "dtd", "resisc45", "cub", "ucf101", "domainnet", "officehome"]
+DATASETS = sorted(set(dataset_classes()) - {"imagefolder", "synthetic"})  # the paper's, each with a main config
 TABLES = {"table1": 12, "table2": 6, "table3": 2, "table4": 2, "table5": 2, "table8": 4}
 
 
@@ -49,27 +50,27 @@ def test_paper_config_matches_its_header(path):
     cfg, _ = parsed(path)
     header = "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
     relative = path.relative_to(REPO).as_posix()
-    run = re.search(r"fabric run --devices (\d+) fedur/main.py --config (\S+) --data.root \S+ --run.seed 1", header)
+    run = re.search(r"fabric run --devices (\d+) fedur/main.py --config (\S+) --dataset.root \S+ --run.seed 1", header)
     assert run and run.group(2) == relative, "the header's command runs this very file"
     assert int(run.group(1)) <= 8
     body = yaml.safe_load(path.read_text())
-    assert body["config"] == f"../../{cfg.data.name}.yaml", "a table config builds on its dataset's main config"
+    assert body["config"] == f"../../{cfg.dataset.key}.yaml", "a table config builds on its dataset's main config"
     assert all("." in key for key in body if key != "config"), "and holds only dotted overrides"
-    assert f"python fedur/main.py --config {relative} --data.root" in header and "--check_data" in header
-    assert "--method.name fedcopl" in header
+    assert f"python fedur/main.py --config {relative} --dataset.root" in header and "--check_data" in header
+    assert "--method FedCoPL" in header
     assert re.search(r"FedUR\s+\d+\.\d\d", header), "the header quotes the paper's FedUR number"
-    assert path.stem.split("-")[0] == cfg.data.name and not Path(cfg.data.root).is_absolute()
+    assert path.stem.split("-")[0] == cfg.dataset.key and not Path(cfg.dataset.root).is_absolute()
     beta = re.search(r"beta(0\.\d+)", path.stem)
     if beta:
         assert cfg.federation.beta == float(beta.group(1))
     table, fed = path.parent.name, cfg.federation
     if table in ("table1", "table2", "table8"):
-        assert fed.num_clients == (5 if cfg.data.name in ("cub", "ucf101") else 10)
+        assert fed.num_clients == (5 if cfg.dataset.key in ("cub", "ucf101") else 10)
         assert fed.partition == ("quantity" if table == "table2" else "dirichlet")
     if table == "table3":
-        assert fed.partition == "domain" and fed.num_clients == DOMAINS[cfg.data.name]
+        assert fed.partition == "domain" and fed.num_clients == DOMAINS[cfg.dataset.key]
     if table in ("table4", "table5"):
-        assert fed.partition == "domain_dirichlet" and fed.num_clients == 3 * DOMAINS[cfg.data.name]
+        assert fed.partition == "domain_dirichlet" and fed.num_clients == 3 * DOMAINS[cfg.dataset.key]
         assert fed.clients_per_domain == 3
     assert cfg.model.name == ("ViT-B-16" if table == "table8" else "ViT-B-32") and cfg.model.pretrained == "openai"
 
@@ -79,10 +80,10 @@ def test_every_dataset_has_a_main_config_with_the_papers_setting(dataset):
     path = REPO / "configs" / f"{dataset}.yaml"
     cfg, _ = parsed(path)
     header = "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
-    assert f"fabric run --devices 8 fedur/main.py --config configs/{dataset}.yaml --data.root" in header
+    assert f"fabric run --devices 8 fedur/main.py --config configs/{dataset}.yaml --dataset.root" in header
     assert re.search(r"FedUR\s+\d+\.\d\d", header) and "--check_data" in header
     fed = cfg.federation
-    assert cfg.data.name == dataset and cfg.model.name == "ViT-B-32" and cfg.model.pretrained == "openai"
+    assert cfg.dataset.key == dataset and cfg.model.name == "ViT-B-32" and cfg.model.pretrained == "openai"
     assert (fed.rounds, fed.local_epochs, fed.refresh_every) == (20, 10, 5)
     if dataset in DOMAINS:  # Table 3: one client per domain
         assert fed.partition == "domain" and fed.num_clients == DOMAINS[dataset]

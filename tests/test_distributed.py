@@ -20,7 +20,7 @@ def runs(tmp_path_factory):
     tested on the demo, `tests/test_learning.py`, and with spare ranks below.)"""
     root = tmp_path_factory.mktemp("runs")
     fabric = str(Path(sys.executable).parent / "fabric")
-    common = ["--config", "tests/tiny.yaml", "--federation.rounds", ROUNDS]
+    common = ["--config", "configs/tiny.yaml", "--federation.rounds", ROUNDS]
     two = run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
                   "fedur/main.py", *common, "--run.output_dir", str(root / "two")])
     return {"two": root / "two", "stdout_two": two.stdout}
@@ -102,7 +102,7 @@ def test_no_hidden_sync_across_ranks(tmp_path):
     from lightning import Fabric
 
     fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
-    args = ["--config", "tests/tiny.yaml", "--federation.rounds", "1"]
+    args = ["--config", "configs/tiny.yaml", "--federation.rounds", "1"]
     assert fabric.launch(_no_hidden_sync_worker, args, str(tmp_path / "run"))
 
 
@@ -111,7 +111,7 @@ def test_more_ranks_than_clients_spare_ranks_join_every_exchange(tmp_path):
     collective, and the run equals the same run on 1 rank."""
     from fedur.main import parse_config, run
 
-    args = ["--config", "tests/tiny.yaml", "--federation.rounds", "2", "--federation.num_clients", "1"]
+    args = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.num_clients", "1"]
     fabric = str(Path(sys.executable).parent / "fabric")
     two = run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
                   "fedur/main.py", *args, "--run.output_dir", str(tmp_path / "two")])
@@ -127,7 +127,7 @@ def test_a_bad_setting_under_fabric_run_is_printed_once_by_rank_zero():
     fabric = str(Path(sys.executable).parent / "fabric")
     result = subprocess.run(
         [fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()), "fedur/main.py",
-         "--config", "tests/tiny.yaml", "--federation.beta", "-1"],
+         "--config", "configs/tiny.yaml", "--federation.beta", "-1"],
         cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode != 0

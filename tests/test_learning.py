@@ -16,7 +16,7 @@ from .conftest import assert_same_results, free_port, read_rounds, run_ok
 
 FEDUR_MARGIN = 5.0  # smallest FedUR gain over seeds 1-5: 10.41 points
 FEDCOPL_MARGIN = 4.0  # smallest FedCoPL gain over seeds 1-5: 8.93 points
-FEDCOPL = ["--method.name", "fedcopl"]
+FEDCOPL = ["--method", "FedCoPL"]
 
 
 @pytest.fixture(scope="module")
@@ -50,5 +50,5 @@ def test_one_rank_is_identical(runs):
 
 def test_fedcopl_learns_too(runs):
     s = summary(runs["fedcopl"])
-    assert s["settings"]["method"]["name"] == "fedcopl" and s["method"] == "fedcopl" and s["labeller"] == "copl"
+    assert s["settings"]["method"]["class_path"].endswith(".FedCoPL") and s["method"] == "fedcopl" and s["labeller"] == "copl"
     assert s["final_mean_accuracy"] >= s["zero_shot_client_mean"] + FEDCOPL_MARGIN, s

@@ -13,21 +13,23 @@ from .conftest import assert_same_results, free_port, read_rounds, run_ok
 
 # Each method once, and each labeller at least once beside a method that is not its own.
 CASES = {
-    "promptfl-fpl": ["--method.name", "promptfl"],
-    "promptprox-cpl": ["--method.name", "promptprox", "--method.labeller", "cpl", "--labels.cpl_per_class", "grip",
+    "promptfl-fpl": ["--method", "PromptFL"],
+    "promptprox-cpl": ["--method", "PromptProx", "--labeller", "CPL", "--labeller.per_class", "grip",
                        "--federation.refresh_every", "1"],
-    "pfedprompt-copl": ["--method.name", "pfedprompt", "--method.labeller", "copl"],
-    "fedotp-codpl": ["--method.name", "fedotp", "--method.labeller", "codpl"],
-    "zeroshot": ["--method.name", "zeroshot"],
+    "pfedprompt-copl": ["--method", "PFedPrompt", "--labeller", "CoPL"],
+    "fedotp-codpl": ["--method", "FedOTP", "--labeller", "CoDPL"],
+    "zeroshot": ["--method", "ZeroShot"],
     # FedUR with clients trained together in fixed groups {0, 1, 2} and {3}: placed whole, so 2 ranks equal 1
     "fedur-grouped": ["--run.clients_per_step", "3"],
+    # pFedPrompt's logits read each client's cache: grouped, its per-client forward runs once per client
+    "pfedprompt-grouped": ["--method", "PFedPrompt", "--run.clients_per_step", "2"],
 }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("methods")
-    common = ["--config", "tests/tiny.yaml", "--federation.rounds", "2", "--run.progress", "false"]
+    common = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--run.progress", "false"]
     argv = {(name, ranks): [*common, *extra, "--run.output_dir", str(root / f"{name}-{ranks}")]
             for name, extra in CASES.items() for ranks in (1, 2)}
     one = [json.dumps(a) for (name, ranks), a in argv.items() if ranks == 1]

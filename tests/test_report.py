@@ -114,8 +114,8 @@ def test_report_of_real_runs_written_by_fedur(tmp_path):
     `python -m fedur.report`, the module the `fedur-report` console script runs."""
     from fedur.main import parse_config, run
 
-    for name, extra in (("fedur", []), ("fedcopl", ["--method.name", "fedcopl"])):
-        cfg, config_yaml = parse_config(["--config", "tests/tiny.yaml", "--federation.rounds", "2",
+    for name, extra in (("fedur", []), ("fedcopl", ["--method", "FedCoPL"])):
+        cfg, config_yaml = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "2",
                                          "--run.output_dir", str(tmp_path / name), *extra])
         run(cfg, config_yaml)
     out = tmp_path / "report"

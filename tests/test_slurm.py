@@ -38,7 +38,7 @@ def test_srun_tasks_become_ranks_and_host_contiguous_client_blocks(tmp_path, nod
     """2 tasks on 1 node, and 1 task on each of 2 (simulated) nodes: node-major ranks, contiguous clients."""
     run_dir, port, per_node = tmp_path / "run", free_port(), 2 // nodes
     command = [  # the srun line of launch/slurm.sbatch, on CPU and without resume
-        sys.executable, "fedur/main.py", "--config", "tests/tiny.yaml", "--federation.rounds", "1",
+        sys.executable, "fedur/main.py", "--config", "configs/tiny.yaml", "--federation.rounds", "1",
         "--run.output_dir", str(run_dir), "--run.threads", "1", "--fabric.accelerator", "cpu",
         "--fabric.num_nodes", str(nodes), "--fabric.devices", str(per_node),
     ]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from fedur.data.datasets import Dataset
 from fedur.data.images import (
     DataUnavailableError,
     ImageDataset,
@@ -74,6 +75,28 @@ def load_dtd(root: Path) -> ImageDataset:
     return ImageDataset("dtd", names, BENCHMARK_TEMPLATE, path_split(*train), path_split(*test))
 
 
+class DTD(Dataset):
+    """The Describable Textures Dataset (47 classes), in ELEVATER's layout.
+
+    root/class_names.txt, root/{train,val,test}.txt and the images under root/{train,val,test}/.
+    Train = train + val, test = test.
+
+    Args:
+        root: Dataset directory holding class_names.txt, train.txt, val.txt, test.txt and the image folders.
+    """
+
+    key = "dtd"
+
+    def __init__(self, root: str):
+        self._set_root(root)
+
+    def check(self) -> None:
+        check_dtd(self._require_root())
+
+    def load(self, seed: int) -> ImageDataset:
+        return load_dtd(self._require_root())
+
+
 def check_resisc45(root: Path) -> None:
     for name in ("train.json", "val.json", "test.json"):
         require_file(root / name, f"RESISC45's {name} (ELEVATER resisc45_clip layout)")
@@ -83,9 +106,9 @@ def _read_coco(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data.get("images"), list):
-            raise ValueError("no 'images' list")
+            raise TypeError("no 'images' list")
         return data
-    except (ValueError, AttributeError) as err:
+    except (ValueError, TypeError, AttributeError) as err:
         raise DataUnavailableError(
             f"{path}: expected ELEVATER's COCO-style JSON with 'images' ({{'file_name': ...}}) and 'categories' "
             f"({{'name': ...}}); {err}"
@@ -127,12 +150,34 @@ def load_resisc45(root: Path) -> ImageDataset:
     return ImageDataset("resisc45", names, BENCHMARK_TEMPLATE, path_split(*train), path_split(*test))
 
 
+class RESISC45(Dataset):
+    """NWPU-RESISC45 remote-sensing scenes (45 classes), in ELEVATER's resisc45_clip layout.
+
+    root/{train,val,test}.json (COCO-style) and the images under root/<class_folder>/. Train = train + val,
+    test = test.
+
+    Args:
+        root: Dataset directory holding train.json, val.json, test.json and one folder of images per class.
+    """
+
+    key = "resisc45"
+
+    def __init__(self, root: str):
+        self._set_root(root)
+
+    def check(self) -> None:
+        check_resisc45(self._require_root())
+
+    def load(self, seed: int) -> ImageDataset:
+        return load_resisc45(self._require_root())
+
+
 CUB_FILES = ("images.txt", "image_class_labels.txt", "train_test_split.txt", "classes.txt")
 
 
 def check_cub(root: Path) -> None:
     for name in CUB_FILES:
-        require_file(root / "CUB_200_2011" / name, f"CUB's {name} (data.root holds CUB_200_2011/)")
+        require_file(root / "CUB_200_2011" / name, f"CUB's {name} (dataset.root holds CUB_200_2011/)")
 
 
 def _id_table(path: Path, columns: int = 2) -> dict[str, str]:
@@ -184,6 +229,25 @@ def load_cub(root: Path) -> ImageDataset:
     )
 
 
+class CUB(Dataset):
+    """Caltech-UCSD Birds-200-2011 (200 classes), from the official archive with its train/test split.
+
+    Args:
+        root: Dataset directory holding CUB_200_2011/ (images.txt, classes.txt, ..., images/).
+    """
+
+    key = "cub"
+
+    def __init__(self, root: str):
+        self._set_root(root)
+
+    def check(self) -> None:
+        check_cub(self._require_root())
+
+    def load(self, seed: int) -> ImageDataset:
+        return load_cub(self._require_root())
+
+
 def check_ucf101(root: Path) -> None:
     if (root / UCF101_COOP_SPLIT).is_file():
         require_dir(root / UCF101_COOP_IMAGES, "CoOp's UCF101 mid-frame images")
@@ -214,6 +278,31 @@ def load_ucf101(root: Path, include_val: bool = False) -> ImageDataset:
         test = _listed_split(root, ["test.txt"], names, names_file, image_path)
         return ImageDataset("ucf101", names, BENCHMARK_TEMPLATE, path_split(*train), path_split(*test))
     return _load_ucf101_coop(root, include_val)
+
+
+class UCF101(Dataset):
+    """UCF101 actions (101 classes) as mid-frame images, in FedCoPL's or CoOp's layout.
+
+    FedCoPL's: class_names.txt, train.txt, test.txt and the train/ and test/ image folders. CoOp's:
+    split_zhou_UCF101.json and UCF-101-midframes/.
+
+    Args:
+        root: Dataset directory holding one of the two layouts.
+        include_val: UCF101 from CoOp's split_zhou_UCF101.json: add its "val" images to the train split
+            (unknown in the paper).
+    """
+
+    key = "ucf101"
+
+    def __init__(self, root: str, include_val: bool = False):
+        self._set_root(root)
+        self.include_val = include_val
+
+    def check(self) -> None:
+        check_ucf101(self._require_root())
+
+    def load(self, seed: int) -> ImageDataset:
+        return load_ucf101(self._require_root(), self.include_val)
 
 
 def _load_ucf101_coop(root: Path, include_val: bool) -> ImageDataset:

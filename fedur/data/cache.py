@@ -16,7 +16,7 @@ write to private temporary files and rename them into place, under an advisory l
 builders never leave a half-written file behind.
 
 Unreadable images are found while decoding, reported by path, and stop the run or are left out
-(`corrupt="skip"`); with the cache off, a verification pass decodes every image once up front and
+(`CacheOptions(corrupt="skip")`); with the cache off, a verification pass decodes every image once up front and
 records its verdict in the same directory.
 """
 
@@ -32,9 +32,10 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 import PIL
@@ -67,31 +68,41 @@ class PreparedData:
     built: tuple[str, ...]  # splits decoded by this call (the others were opened or verified before)
 
 
+@dataclass(frozen=True)
+class CacheOptions:
+    """How `prepare_splits` reads the images: the `data:` options cache, cache_dir and corrupt_images."""
+
+    cache: bool
+    """Decode every image once into a memory-mapped uint8 file at the model's resolution (else: verify only)."""
+    cache_dir: str | None
+    """Where the cache lives (None: $FEDUR_CACHE_DIR, else ~/.cache/fedur)."""
+    corrupt: Literal["stop", "skip"] = "stop"
+    """An unreadable image stops the run with its path ("stop") or is left out and listed ("skip")."""
+    workers: int | None = None
+    """Decoding processes (None: every core this process may use)."""
+
+
 def prepare_splits(
     train: ImageSplit,
     test: ImageSplit,
     preprocess: Callable,
     image_size: int,
-    *,
-    cache: bool,
-    cache_dir: str | None,
     dataset_key: str,
-    corrupt: Literal["stop", "skip"] = "stop",
-    workers: int | None = None,
+    options: CacheOptions,
     progress: Progress | None = None,
 ) -> PreparedData:
-    """Check every image once, drop or refuse the unreadable ones, and (with `cache`) decode the rest once.
+    """Check every image once, drop or refuse the unreadable ones, and (with `options.cache`) decode the rest once.
 
     `preprocess` is the model's (CLIP: Resize, CenterCrop, RGB, ToTensor, Normalize); `dataset_key`
-    names the dataset in file names and keys (e.g. "imagefolder:/data/dtd"). `workers` decoding
-    processes (None: every core this process may use). Call it on rank 0 first
-    (`fabric.rank_zero_first()`): the other ranks then find the files and only open them.
+    names the dataset in file names and keys (`Dataset.cache_key`, e.g. "imagefolder:/data/dtd"). Call it
+    on rank 0 first (`fabric.rank_zero_first()`): the other ranks then find the files and only open them.
     """
+    cache, corrupt = options.cache, options.corrupt
     if corrupt not in ("stop", "skip"):
         raise ValueError(f"data.corrupt_images must be 'stop' or 'skip', got {corrupt!r}")
-    directory = Path(os.path.expanduser(cache_dir or os.environ.get("FEDUR_CACHE_DIR") or DEFAULT_CACHE_DIR))
+    directory = Path(os.path.expanduser(options.cache_dir or os.environ.get("FEDUR_CACHE_DIR") or DEFAULT_CACHE_DIR))
     geometric, mean, std = split_preprocess(preprocess) if cache else (None, (), ())
-    workers = _default_workers() if workers is None else workers
+    workers = _default_workers() if options.workers is None else options.workers
     out = {
         name: _prepare_split(split, name, geometric, image_size, directory, dataset_key, workers, progress)
         for name, split in (("train", train), ("test", test))

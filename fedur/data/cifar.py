@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedur.data.datasets import Dataset
 from fedur.data.images import DataUnavailableError, ImageDataset, ImageSplit, found
 from fedur.network import reachable
 
@@ -46,11 +47,11 @@ def check_cifar(name: str, root: Path, download: bool) -> None:
     if (root / archive.folder).is_dir():
         return
     if not download or not reachable(CIFAR_HOST):
-        reason = "data.download is false" if not download else f"{CIFAR_HOST} is unreachable (offline?)"
+        reason = "dataset.download is false" if not download else f"{CIFAR_HOST} is unreachable (offline?)"
         raise DataUnavailableError(
-            f"{archive.title} is not under data.root={root} and {reason}.\n"
+            f"{archive.title} is not under dataset.root={root} and {reason}.\n"
             f"  Download {archive.url} and extract it into {root} (so that {root}/{archive.folder}/ "
-            "exists),\n  or use data.name=imagefolder with data.root pointing at train/<class>/ and "
+            "exists),\n  or use the dataset ImageFolder with dataset.root pointing at train/<class>/ and "
             "test/<class>/ image folders."
         )
 
@@ -78,6 +79,48 @@ def load_cifar(name: str, root: str, download: bool) -> ImageDataset:
         arrays = np.ascontiguousarray(np.concatenate(images).transpose(0, 2, 3, 1))  # (N, 32, 32, 3)
         splits[split] = ImageSplit(np.asarray(labels, dtype=np.int64), arrays=arrays)
     return ImageDataset(name, names, CIFAR_TEMPLATE, splits["train"], splits["test"])
+
+
+class _CifarArchive(Dataset):
+    """CIFAR-10 or CIFAR-100 by its `key`; the public subclasses document the options."""
+
+    def __init__(self, root: str, download: bool = True):
+        self._set_root(root)
+        self.download = download
+
+    def check(self) -> None:
+        check_cifar(self.key, self._require_root(), self.download)
+
+    def load(self, seed: int) -> ImageDataset:
+        return load_cifar(self.key, str(self._require_root()), self.download)
+
+
+class CIFAR10(_CifarArchive):
+    """CIFAR-10 (torchvision's python archive, 50,000 train / 10,000 test images, 10 classes).
+
+    Args:
+        root: Dataset directory holding cifar-10-batches-py/ (downloaded there when missing and allowed).
+        download: Download the archive into root when it is missing.
+    """
+
+    key = "cifar10"
+
+    def __init__(self, root: str, download: bool = True):
+        super().__init__(root, download)
+
+
+class CIFAR100(_CifarArchive):
+    """CIFAR-100 (torchvision's python archive, 50,000 train / 10,000 test images, 100 fine classes).
+
+    Args:
+        root: Dataset directory holding cifar-100-python/ (downloaded there when missing and allowed).
+        download: Download the archive into root when it is missing.
+    """
+
+    key = "cifar100"
+
+    def __init__(self, root: str, download: bool = True):
+        super().__init__(root, download)
 
 
 def _unpickle(path: Path) -> dict:

@@ -1,31 +1,32 @@
-"""Datasets by name: class names, prompt template, and the train/test images with their labels.
+"""Datasets as plugins: a `Dataset` subclass per dataset, with its own typed options, chosen with `--dataset`.
+
+A subclass's `__init__` takes only its own options (jsonargparse turns them into `--dataset.<option>` and
+their docstring into the help); `check()` looks for the files before any compute and `load(seed)` reads
+them into an `ImageDataset` (class names, prompt template, train/test images with their labels).
+`prepare_dataset` then applies the dataset-independent `data:` options (class-name file, template,
+stratified fractions). The registry (`dataset_classes`) is derived from the subclasses, so a dataset of
+your own is one class: subclass `Dataset`, give it a `key`, import it (jsonargparse imports a class given
+by its dotted path: `--dataset my_module.MyData`).
 
 Labels are held back from training: only the data split (simulation) and the monitoring of
 pseudo-label accuracy read them. The paper's datasets live in `cifar.py`, `benchmarks.py` (DTD,
-RESISC45, CUB, UCF101) and `domains.py` (DomainNet, OfficeHome); this module dispatches by name and
-holds your own image folders and the generated smoke-test images.
+RESISC45, CUB, UCF101) and `domains.py` (DomainNet, OfficeHome); this module holds the base class, your
+own image folders and the generated smoke-test images.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
+from jsonargparse.typing import PositiveInt
 
-from fedur.data.benchmarks import (
-    check_cub,
-    check_dtd,
-    check_resisc45,
-    check_ucf101,
-    load_cub,
-    load_dtd,
-    load_resisc45,
-    load_ucf101,
-)
-from fedur.data.cifar import check_cifar, load_cifar
-from fedur.data import synthetic
-from fedur.data.domains import check_domainnet, check_officehome, load_domainnet, load_officehome
+import fedur.data.synthetic as synthetic
 from fedur.data.images import (  # re-exported: the rest of fedur imports the types from here
     IMAGE_SUFFIXES,
     DataUnavailableError,
@@ -37,120 +38,167 @@ from fedur.data.images import (  # re-exported: the rest of fedur imports the ty
 )
 
 __all__ = [
-    "IMAGE_SUFFIXES", "DataUnavailableError", "ImageDataset", "ImageSplit", "build_dataset", "check_available",
-    "load_imagefolder", "load_cifar", "make_synthetic", "stratified_subset", "DATASETS",
+    "IMAGE_SUFFIXES",
+    "DataOptions",
+    "DataUnavailableError",
+    "Dataset",
+    "ImageDataset",
+    "ImageFolder",
+    "ImageSplit",
+    "Synthetic",
+    "dataset_classes",
+    "load_imagefolder",
+    "prepare_dataset",
+    "stratified_subset",
 ]
 
 DEFAULT_TEMPLATE = "a photo of a {}."
-DATASETS = (
-    "imagefolder", "cifar10", "cifar100", "dtd", "resisc45", "cub", "ucf101", "domainnet", "officehome", "synthetic",
-)
-MULTI_DOMAIN = ("domainnet", "officehome")
+BUILT_IN_MODULES = ("fedur.data.datasets", "fedur.data.cifar", "fedur.data.benchmarks", "fedur.data.domains")
 
 
-def build_dataset(
-    name: str,
-    root: str | None,
-    classnames_file: str | None = None,
-    template: str | None = None,
-    download: bool = True,
-    train_fraction: float = 1.0,
-    test_fraction: float = 1.0,
-    seed: int = 1,
-    synthetic_classes: int = 10,
-    synthetic_train_per_class: int = 60,
-    synthetic_test_per_class: int = 20,
-    synthetic_image_size: int = 32,
-    *,
-    domains: list[str] | None = None,
-    domainnet_classes: int = 10,
-    holdout_fraction: float = 0.2,
-    holdout_seed: int = 0,
-    ucf101_include_val: bool = False,
-) -> ImageDataset:
-    """Load `name` from `root`, checking its layout; then override class names / template when given, and
-    keep a stratified `train_fraction` / `test_fraction` (per class, and per domain when there are domains)."""
-    _check_domains_apply(name, domains)
-    if name == "synthetic":
-        dataset = make_synthetic(
-            synthetic_classes, synthetic_train_per_class, synthetic_test_per_class, synthetic_image_size, seed
+class Dataset:
+    """A dataset: a short `key`, where it lives (`root`), a quick file check and the full load.
+
+    A subclass sets `key`, takes only its own options in `__init__`, stores each under its own name (the
+    `repr` shows them; a `root` option through `_set_root`) and documents them in an `Args:` section (the
+    `--dataset.<option>` help). Its `load` returns an `ImageDataset` named by its `key`.
+    """
+
+    key: ClassVar[str]
+    """Short lowercase name ("cifar10", "dtd", ...): `ImageDataset.name`, the reference partition's and the
+    per-dataset tables' key, the image cache's key and the name in run summaries."""
+    root: str | None = None
+    """The dataset directory, `~` expanded (None for generated data)."""
+
+    def check(self) -> None:
+        """Fail before any compute when the data cannot be had (no network, wrong path, unknown domain):
+        looks only for the files the layout needs; `load` reads and checks their content. Generated data
+        (this default) has nothing to look for."""
+
+    def load(self, seed: int) -> ImageDataset:
+        """Read the dataset, checking its layout. `seed` is for generated data; files ignore it."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement load(seed)")
+
+    @property
+    def cache_key(self) -> str:
+        """The dataset's name in the image cache's file names and digests: "<key>:<absolute root as given>"
+        ("<key>:" without a root). The root is taken as given, not `~`-expanded, so that caches built before
+        datasets were plugins keep their keys."""
+        given = getattr(self, "_given_root", self.root)
+        return f"{self.key}:{os.path.abspath(given) if given else ''}"
+
+    def _set_root(self, root: str | None) -> None:
+        self._given_root = root
+        self.root = os.path.expanduser(root) if root else None
+
+    def _require_root(self) -> Path:
+        if not self.root:
+            raise DataUnavailableError(f"dataset {type(self).__name__} needs dataset.root (the dataset directory)")
+        return Path(self.root)
+
+    def __repr__(self) -> str:
+        parameters = inspect.signature(type(self).__init__).parameters.values()
+        named = [p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n, None)!r}' for n in named)})"
+
+
+def dataset_classes() -> dict[str, type[Dataset]]:
+    """key -> class of every `Dataset` subclass imported so far (fedur's own are imported here), found
+    through `__subclasses__` recursively. A subclass that does not set its own `key` is a variant of its
+    parent (or an abstract base) and is not listed; two classes setting the same key are an error."""
+    for module in BUILT_IN_MODULES:
+        importlib.import_module(module)
+    registry: dict[str, type[Dataset]] = {}
+    pending = list(Dataset.__subclasses__())
+    while pending:
+        cls = pending.pop(0)
+        pending += cls.__subclasses__()
+        key = cls.__dict__.get("key")
+        if key is None:
+            continue
+        if key in registry and registry[key] is not cls:
+            raise ValueError(f"the datasets {_dotted(registry[key])} and {_dotted(cls)} both have the key {key!r}")
+        registry[key] = cls
+    return registry
+
+
+def _dotted(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """What `prepare_dataset` changes on any loaded dataset (the `data:` options of the same names)."""
+
+    classnames_file: str | None = None
+    """Text file with one class name per line, in label order; replaces the dataset's own class names."""
+    template: str | None = None
+    """Zero-shot prompt template with exactly one `{}`; replaces the dataset's own."""
+    train_fraction: float = 1.0
+    """Keep this stratified, seeded fraction of the train split."""
+    test_fraction: float = 1.0
+    """Keep this stratified, seeded fraction of the test split."""
+
+
+def prepare_dataset(source: Dataset, options: DataOptions, seed: int) -> ImageDataset:
+    """`source.load(seed)`, then the class names from `options.classnames_file` and the template when
+    given, and a stratified `train_fraction` / `test_fraction` (per class, and per (domain, class) when
+    there are domains) drawn from `np.random.RandomState(seed)`: train first, then test."""
+    dataset = source.load(seed)
+    if dataset.name != source.key:
+        raise ValueError(
+            f"{type(source).__name__}.load returned a dataset named {dataset.name!r}; name it {source.key!r}, its key"
         )
-    else:
-        path = Path(_require_root(name, root))
-        if name == "imagefolder":
-            dataset = load_imagefolder(str(path))
-        elif name in ("cifar10", "cifar100"):
-            dataset = load_cifar(name, str(path), download)
-        elif name == "dtd":
-            dataset = load_dtd(path)
-        elif name == "resisc45":
-            dataset = load_resisc45(path)
-        elif name == "cub":
-            dataset = load_cub(path)
-        elif name == "ucf101":
-            dataset = load_ucf101(path, ucf101_include_val)
-        elif name == "domainnet":
-            dataset = load_domainnet(path, domains, domainnet_classes)
-        elif name == "officehome":
-            dataset = load_officehome(path, domains, holdout_fraction, holdout_seed)
-        else:
-            raise DataUnavailableError(f"unknown data.name={name!r}; use one of {', '.join(DATASETS)}")
-    if classnames_file is not None:
-        dataset.classnames = read_classnames(classnames_file, dataset.classnames)
-    if template is not None:
-        if template.count("{}") != 1:
-            raise DataUnavailableError(f"data.template={template!r} must contain exactly one '{{}}'")
-        dataset.template = template
+    if options.classnames_file is not None:
+        dataset.classnames = read_classnames(options.classnames_file, dataset.classnames)
+    if options.template is not None:
+        if options.template.count("{}") != 1:
+            raise DataUnavailableError(f"data.template={options.template!r} must contain exactly one '{{}}'")
+        dataset.template = options.template
     rng = np.random.RandomState(seed)
-    for split in ("train", "test"):
+    for split, fraction in (("train", options.train_fraction), ("test", options.test_fraction)):
         part: ImageSplit = getattr(dataset, split)
         strata = part.labels if part.domains is None else part.domains * dataset.num_classes + part.labels
-        fraction = train_fraction if split == "train" else test_fraction
         setattr(dataset, split, part.subset(stratified_subset(strata, fraction, rng)))
     return dataset
 
 
-def check_available(name: str, root: str | None, download: bool, *, domains: list[str] | None = None) -> None:
-    """Fail before any compute when the data cannot be had (no network, wrong path, unknown domain). Looks
-    only for the files a layout needs; `build_dataset` reads and checks their content."""
-    _check_domains_apply(name, domains)
-    if name == "synthetic":
-        return
-    if name not in DATASETS:
-        raise DataUnavailableError(f"unknown data.name={name!r}; use one of {', '.join(DATASETS)}")
-    path = Path(_require_root(name, root))
-    if name == "imagefolder":
-        for split in ("train", "test"):
-            if not (path / split).is_dir():
-                raise DataUnavailableError(
-                    f"data.root={root}: expected folders {root}/train/<class>/ and {root}/test/<class>/ "
-                    f"with images; {root}/{split} is missing ({found(path / split)})."
-                )
-    elif name in ("cifar10", "cifar100"):
-        check_cifar(name, path, download)
-    elif name == "domainnet":
-        check_domainnet(path, domains)
-    elif name == "officehome":
-        check_officehome(path, domains)
-    else:
-        {"dtd": check_dtd, "resisc45": check_resisc45, "cub": check_cub, "ucf101": check_ucf101}[name](path)
+class ImageFolder(Dataset):
+    """Your own images, one folder per class.
+
+    root/train/<class>/<image> and root/test/<class>/<image>, the same class folders in both; class index =
+    sorted folder order, class name = folder name with '_' read as a space.
+
+    Args:
+        root: Dataset directory holding train/<class>/ and test/<class>/ image folders.
+    """
+
+    key = "imagefolder"
+
+    def __init__(self, root: str | None = None):
+        self._set_root(root)
+
+    def check(self) -> None:
+        check_imagefolder(self._require_root())
+
+    def load(self, seed: int) -> ImageDataset:
+        return load_imagefolder(self._require_root())
 
 
-def _check_domains_apply(name: str, domains: list[str] | None) -> None:
-    if domains is not None and name not in MULTI_DOMAIN:
-        raise DataUnavailableError(f"data.domains is for {' and '.join(MULTI_DOMAIN)}; data.name={name} has no domains")
+def check_imagefolder(root: Path) -> None:
+    for split in ("train", "test"):
+        if not (root / split).is_dir():
+            raise DataUnavailableError(
+                f"dataset.root={root}: expected folders {root}/train/<class>/ and {root}/test/<class>/ "
+                f"with images; {root}/{split} is missing ({found(root / split)})."
+            )
 
 
-def _require_root(name: str, root: str | None) -> str:
-    if not root:
-        raise DataUnavailableError(f"data.name={name} needs data.root (the dataset directory)")
-    return os.path.expanduser(root)
-
-
-def load_imagefolder(root: str, classnames_file: str | None = None) -> ImageDataset:
+def load_imagefolder(root: str | Path) -> ImageDataset:
     """root/train/<class>/<image> and root/test/<class>/<image>; class index = sorted folder order."""
-    check_available("imagefolder", root, download=False)
-    folders = {split: sorted(p.name for p in (Path(root) / split).iterdir() if p.is_dir()) for split in ("train", "test")}
+    root = Path(root)
+    check_imagefolder(root)
+    folders = {split: sorted(p.name for p in (root / split).iterdir() if p.is_dir()) for split in ("train", "test")}
     if not folders["train"]:
         raise DataUnavailableError(f"{root}/train has no class folders; expected {root}/train/<class>/<image>")
     if folders["train"] != folders["test"]:
@@ -165,7 +213,7 @@ def load_imagefolder(root: str, classnames_file: str | None = None) -> ImageData
     for split in ("train", "test"):
         paths, labels = [], []
         for label, folder in enumerate(classes):
-            files = image_files(Path(root) / split / folder)
+            files = image_files(root / split / folder)
             if not files:
                 raise DataUnavailableError(
                     f"{root}/{split}/{folder} has no images (looked for {', '.join(IMAGE_SUFFIXES)})"
@@ -174,9 +222,44 @@ def load_imagefolder(root: str, classnames_file: str | None = None) -> ImageData
             labels += [label] * len(files)
         splits[split] = ImageSplit(np.asarray(labels, dtype=np.int64), paths=paths)
     classnames = [c.replace("_", " ") for c in classes]
-    if classnames_file is not None:
-        classnames = read_classnames(classnames_file, classnames)
     return ImageDataset("imagefolder", classnames, DEFAULT_TEMPLATE, splits["train"], splits["test"])
+
+
+class Synthetic(Dataset):
+    """Small generated images for smoke runs, drawn from the seed: one shape per class.
+
+    The first `classes` shapes of `fedur.data.synthetic` (circle, square, ...); the train split from the
+    stream (seed, 0), the test split from (seed, 1).
+
+    Args:
+        classes: Number of classes (shapes), 2 to 10.
+        train_per_class: Train images per class.
+        test_per_class: Test images per class.
+        image_size: Side of the generated images in pixels.
+    """
+
+    key = "synthetic"
+
+    def __init__(
+        self, classes: int = 10, train_per_class: PositiveInt = 60, test_per_class: PositiveInt = 20,
+        image_size: PositiveInt = 32,
+    ):
+        # plain ints: jsonargparse's restricted int types would promote NumPy's float32 arithmetic to float64
+        self.classes, self.train_per_class, self.test_per_class = int(classes), int(train_per_class), int(test_per_class)
+        self.image_size = int(image_size)
+
+    def check(self) -> None:
+        if not 2 <= self.classes <= len(synthetic.CLASSNAMES):
+            raise DataUnavailableError(f"dataset.classes must be in [2, {len(synthetic.CLASSNAMES)}]")
+
+    def load(self, seed: int) -> ImageDataset:
+        self.check()
+        splits = {}
+        for stream, (split, per_class) in enumerate((("train", self.train_per_class), ("test", self.test_per_class))):
+            images, labels = synthetic.generate(self.classes, per_class, self.image_size, seed=(seed, stream))
+            splits[split] = ImageSplit(labels, arrays=images)
+        names = synthetic.CLASSNAMES[: self.classes]
+        return ImageDataset("synthetic", names, DEFAULT_TEMPLATE, splits["train"], splits["test"])
 
 
 def read_classnames(path: str, current: list[str]) -> list[str]:
@@ -190,19 +273,6 @@ def read_classnames(path: str, current: list[str]) -> list[str]:
             f"({', '.join(current[:5])}{', ...' if len(current) > 5 else ''}); give one name per class, in label order"
         )
     return [n.replace("_", " ") for n in names]
-
-
-def make_synthetic(num_classes: int, train_per_class: int, test_per_class: int, size: int, seed: int) -> ImageDataset:
-    """The first `num_classes` shapes of `fedur.data.synthetic` (circle, square, ...), drawn from `seed`: the
-    train split from the stream (seed, 0), the test split from (seed, 1)."""
-    if not 2 <= num_classes <= len(synthetic.CLASSNAMES):
-        raise DataUnavailableError(f"data.synthetic_classes must be in [2, {len(synthetic.CLASSNAMES)}]")
-    splits = {}
-    for stream, (split, per_class) in enumerate((("train", train_per_class), ("test", test_per_class))):
-        images, labels = synthetic.generate(num_classes, per_class, size, seed=(seed, stream))
-        splits[split] = ImageSplit(labels, arrays=images)
-    names = synthetic.CLASSNAMES[:num_classes]
-    return ImageDataset("synthetic", names, DEFAULT_TEMPLATE, splits["train"], splits["test"])
 
 
 def stratified_subset(labels: np.ndarray, fraction: float, rng: np.random.RandomState) -> np.ndarray:

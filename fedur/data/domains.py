@@ -1,7 +1,7 @@
 """Multi-domain datasets for feature skew: DomainNet and OfficeHome.
 
 Every sample carries the index of its domain (`ImageSplit.domains`, into `ImageDataset.domain_names`),
-which the domain partitions read. `data.domains` selects and orders the domains; labels do not depend
+which the domain partitions read. `dataset.domains` selects and orders the domains; labels do not depend
 on that choice, so a class has the same label whichever domains are loaded.
 """
 
@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from jsonargparse.typing import OpenUnitInterval
 
+from fedur.data.datasets import Dataset
 from fedur.data.images import (
     DataUnavailableError,
     ImageDataset,
@@ -47,12 +50,12 @@ def select_domains(requested: list[str] | None, available: list[str], dataset: s
     unknown = [d for d in requested if _key(d) not in by_key]
     if unknown or not requested:
         raise DataUnavailableError(
-            f"data.domains={requested}: {dataset} has the domains {', '.join(available)}"
+            f"dataset.domains={requested}: {dataset} has the domains {', '.join(available)}"
             + (f"; unknown: {', '.join(unknown)}" if unknown else "; give at least one")
         )
     chosen = [by_key[_key(d)] for d in requested]
     if len(set(chosen)) != len(chosen):
-        raise DataUnavailableError(f"data.domains={requested} names a domain twice")
+        raise DataUnavailableError(f"dataset.domains={requested} names a domain twice")
     return chosen
 
 
@@ -68,7 +71,7 @@ def load_domainnet(root: Path, domains: list[str] | None = None, num_classes: in
     under root/<domain>/<class>/<file>. `num_classes` 10 keeps FedBN's subset, 345 all classes; labels are
     re-indexed 0..C-1 in the official label order."""
     if num_classes not in (10, DOMAINNET_CLASSES):
-        raise DataUnavailableError(f"data.domainnet_classes must be 10 or 345, got {num_classes}")
+        raise DataUnavailableError(f"dataset.classes must be 10 or 345, got {num_classes}")
     chosen = select_domains(domains, DOMAINNET_DOMAINS, "domainnet")
     check_domainnet(root, chosen)
     listed: dict[tuple[str, str], list[tuple[str, str, int]]] = {}  # (domain, split) -> (path, class, label)
@@ -99,7 +102,7 @@ def load_domainnet(root: Path, domains: list[str] | None = None, num_classes: in
     else:
         if len(official) != DOMAINNET_CLASSES:
             raise DataUnavailableError(
-                f"DomainNet split files under {root} list {len(official)} classes; data.domainnet_classes=345 "
+                f"DomainNet split files under {root} list {len(official)} classes; dataset.classes=345 "
                 "needs the complete official files"
             )
         folders = sorted(official, key=official.__getitem__)
@@ -117,6 +120,32 @@ def load_domainnet(root: Path, domains: list[str] | None = None, num_classes: in
         check_every_class(labels, names, f"the {split} split files of {', '.join(chosen)}")
         splits[split] = path_split(paths, labels, domain_ids)
     return ImageDataset("domainnet", names, DOMAIN_TEMPLATE, splits["train"], splits["test"], chosen)
+
+
+class DomainNet(Dataset):
+    """DomainNet (6 domains), with its official split files.
+
+    root/<domain>_{train,test}.txt and the images under root/<domain>/<class>/. Every sample carries its
+    domain (for feature skew: federation.partition domain or domain_dirichlet).
+
+    Args:
+        root: Dataset directory holding <domain>_train.txt, <domain>_test.txt and the extracted <domain>/ folders.
+        domains: The domains to load, in this order (null: all: clipart, infograph, painting, quickdraw, real,
+            sketch).
+        classes: The 10-class subset of federated work (FedBN, FedOTP) or all 345.
+    """
+
+    key = "domainnet"
+
+    def __init__(self, root: str, domains: list[str] | None = None, classes: Literal[10, 345] = 10):
+        self._set_root(root)
+        self.domains, self.classes = domains, classes
+
+    def check(self) -> None:
+        check_domainnet(self._require_root(), self.domains)
+
+    def load(self, seed: int) -> ImageDataset:
+        return load_domainnet(self._require_root(), self.domains, self.classes)
 
 
 def _officehome_folder(root: Path, domain: str) -> Path:
@@ -140,7 +169,7 @@ def load_officehome(
     label = sorted folder order. There is no official split: a seeded share `holdout_fraction` of every
     (domain, class) is held out as the test split (`stratified_holdout`)."""
     if not 0 < holdout_fraction < 1:
-        raise DataUnavailableError(f"data.holdout_fraction must be in (0, 1), got {holdout_fraction}")
+        raise DataUnavailableError(f"dataset.holdout_fraction must be in (0, 1), got {holdout_fraction}")
     chosen = select_domains(domains, OFFICEHOME_DOMAINS, "officehome")
     folders = {d: _officehome_folder(root, d) for d in chosen}
     classes = {d: sorted(p.name for p in folder.iterdir() if p.is_dir()) for d, folder in folders.items()}
@@ -171,6 +200,36 @@ def load_officehome(
         "officehome", names, DOMAIN_TEMPLATE, everything.subset(np.flatnonzero(~test)),
         everything.subset(np.flatnonzero(test)), chosen,
     )
+
+
+class OfficeHome(Dataset):
+    """OfficeHome (4 domains, 65 classes), with a seeded held-out test split.
+
+    root/<domain>/<class>/<image>. There is no official test split: a seeded, stratified share of every
+    (domain, class) is held out as the test split.
+
+    Args:
+        root: Dataset directory holding the Art, Clipart, Product and Real_World (or 'Real World') folders.
+        domains: The domains to load, in this order (null: all: Art, Clipart, Product, Real_World).
+        holdout_fraction: Seeded, stratified share of each domain and class held out as the test split.
+        holdout_seed: Seed of that held-out split; fixed apart from run.seed so every run tests on the same
+            images.
+    """
+
+    key = "officehome"
+
+    def __init__(
+        self, root: str, domains: list[str] | None = None, holdout_fraction: OpenUnitInterval = 0.2,
+        holdout_seed: int = 0,
+    ):
+        self._set_root(root)
+        self.domains, self.holdout_fraction, self.holdout_seed = domains, float(holdout_fraction), int(holdout_seed)
+
+    def check(self) -> None:
+        check_officehome(self._require_root(), self.domains)
+
+    def load(self, seed: int) -> ImageDataset:
+        return load_officehome(self._require_root(), self.domains, self.holdout_fraction, self.holdout_seed)
 
 
 def stratified_holdout(groups: np.ndarray, fraction: float, seed: int) -> np.ndarray:

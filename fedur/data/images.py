@@ -44,7 +44,7 @@ class ImageSplit:
         except OSError as err:
             raise DataUnavailableError(f"cannot read image {path}: {err}") from err
 
-    def subset(self, indices: np.ndarray) -> "ImageSplit":
+    def subset(self, indices: np.ndarray) -> ImageSplit:
         paths = [self.paths[i] for i in indices] if self.paths is not None else None
         arrays = self.arrays[indices] if self.arrays is not None else None
         domains = self.domains[indices] if self.domains is not None else None
@@ -59,7 +59,7 @@ class ImageDataset:
     train: ImageSplit
     test: ImageSplit
     domain_names: list[str] | None = None
-    """Multi-domain datasets: the loaded domains, in `data.domains` order; `split.domains` indexes it."""
+    """Multi-domain datasets: the loaded domains, in `dataset.domains` order; `split.domains` indexes it."""
 
     @property
     def num_classes(self) -> int:

@@ -44,8 +44,10 @@ def dataset_report(dataset: ImageDataset) -> str:
     rule = "-" * len(sub)
     n_train, n_test = len(dataset.train), len(dataset.test)
     header = [
-        f"{dataset.name}: {dataset.num_classes} classes, {n_train:,} train / {n_test:,} test images, "
-        f"template {dataset.template!r}",
+        (
+            f"{dataset.name}: {dataset.num_classes} classes, {n_train:,} train / {n_test:,} test images, "
+            f"template {dataset.template!r}"
+        ),
     ]
     if domain_names:
         header.append(f"domains ({len(domain_names)}): {', '.join(domain_names)}")

@@ -7,7 +7,7 @@ worker (`MappedImages`), passed on as uint8 (`Pixels`) and normalised per batch 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch

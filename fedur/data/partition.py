@@ -15,14 +15,16 @@ the global `np.random`. Given the state the reference starts from (`seed="refere
 
 from __future__ import annotations
 
-from typing import Union
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
+from fedur.data.images import ImageSplit
 from fedur.data.reference_rng import REFERENCE_DATASETS, REFERENCE_SEED, reference_random_state
 
 Parts = list[np.ndarray]
-Seed = Union[int, np.random.RandomState]
+Seed = int | np.random.RandomState
 """An int seeds a fresh RandomState; a RandomState is drawn from (and advanced) as it is."""
 
 
@@ -220,7 +222,7 @@ def domain_split(train_domains: np.ndarray, test_domains: np.ndarray, num_client
         raise PartitionError(
             f"federation.partition=domain makes one client per domain: the data has {num_domains} domains "
             f"but federation.num_clients={num_clients}; set federation.num_clients={num_domains} "
-            "(or select domains with data.domains)"
+            "(or select domains with dataset.domains)"
         )
     return (
         [np.flatnonzero(train_domains == d).astype(np.int64) for d in range(num_domains)],
@@ -277,24 +279,33 @@ def _num_domains(train_domains: np.ndarray, test_domains: np.ndarray) -> int:
     return num_domains
 
 
-def split_clients(
-    scheme: str,
-    train_labels: np.ndarray,
-    test_labels: np.ndarray,
-    train_domains: np.ndarray | None,
-    test_domains: np.ndarray | None,
-    *,
-    num_clients: int,
-    beta: float,
-    class_fraction: float,
-    clients_per_domain: int,
-    seed: int | str,
-    min_train: int,
-    dataset: str | None = None,
-) -> tuple[Parts, Parts]:
-    """The split `federation.partition=scheme` asks for; every setting that does not fit says so.
+@dataclass(frozen=True)
+class PartitionSpec:
+    """How the data is split across clients: the `federation:` settings of the same meaning."""
 
-    `seed` is `federation.partition_seed`:
+    scheme: Literal["dirichlet", "quantity", "domain", "domain_dirichlet", "iid"]
+    """federation.partition."""
+    num_clients: int
+    """federation.num_clients: K."""
+    beta: float
+    """federation.beta: the Dirichlet concentration (dirichlet, domain_dirichlet)."""
+    class_fraction: float
+    """federation.class_fraction: the share of the classes each client holds (quantity)."""
+    clients_per_domain: int
+    """federation.clients_per_domain (domain_dirichlet)."""
+    seed: int | str
+    """federation.partition_seed: an integer, or "reference" (see `split_clients`)."""
+    min_train: int
+    """federation.min_train_per_client: train samples every client must hold."""
+
+
+def split_clients(
+    spec: PartitionSpec, train: ImageSplit, test: ImageSplit, dataset: str | None = None
+) -> tuple[Parts, Parts]:
+    """The split `federation.partition=spec.scheme` asks for, of the labels (and domains) of `train` and
+    `test`; every setting that does not fit says so.
+
+    `spec.seed` is `federation.partition_seed`:
     - "reference": FedCoPL's own split. The label-skew schemes (dirichlet, quantity, iid) draw from
       `reference_random_state(dataset)`: RandomState(500) advanced by exactly the draws the reference
       makes after its reseed and before partitioning (for dtd, resisc45, cub, ucf101, cifar10, cifar100:
@@ -307,37 +318,43 @@ def split_clients(
       list the same images in the same order as the reference's (fedur's loaders read its files).
     - an int: `np.random.RandomState(seed)` (and SeedSequence([seed, d]) for domain_dirichlet), with
       the reference's algorithm but not its split; e.g. the run seed, for a split of each seed's own.
-    `dataset` is `data.name`; it matters only for "reference".
+    `dataset` is the dataset's key (`Dataset.key`); it matters only for "reference".
     """
-    state_seed = _resolve_seed(seed)
-    if scheme in ("domain", "domain_dirichlet"):
-        if train_domains is None or test_domains is None:
-            raise PartitionError(
-                f"federation.partition={scheme} needs a dataset with domains (domainnet, officehome); this one "
-                "has none: use dirichlet, quantity or iid"
-            )
-        if scheme == "domain":
-            return domain_split(train_domains, test_domains, num_clients)
-        num_domains = _num_domains(train_domains, test_domains)
-        if num_clients != clients_per_domain * num_domains:
-            raise PartitionError(
-                f"federation.partition=domain_dirichlet: federation.num_clients={num_clients} must equal "
-                f"federation.clients_per_domain ({clients_per_domain}) x {num_domains} domains = "
-                f"{clients_per_domain * num_domains}"
-            )
-        return domain_dirichlet_split(
-            train_labels, test_labels, train_domains, test_domains, clients_per_domain, beta, state_seed, min_train
-        )
-    if scheme not in ("dirichlet", "quantity", "iid"):
+    state_seed = _resolve_seed(spec.seed)
+    if spec.scheme in ("domain", "domain_dirichlet"):
+        return _split_by_domain(spec, train, test, state_seed)
+    if spec.scheme not in ("dirichlet", "quantity", "iid"):
         raise PartitionError(
-            f"federation.partition={scheme!r} is unknown; use dirichlet, quantity, domain, domain_dirichlet or iid"
+            f"federation.partition={spec.scheme!r} is unknown; use dirichlet, quantity, domain, domain_dirichlet or iid"
         )
-    rng, num_classes = partition_random_state(seed, dataset, train_labels, test_labels)
-    if scheme == "dirichlet":
-        return dirichlet_split(train_labels, test_labels, num_clients, beta, rng, min_train, num_classes=num_classes)
-    if scheme == "quantity":
-        return quantity_split(train_labels, test_labels, num_clients, class_fraction, rng, min_train, num_classes)
-    return iid_split(train_labels, test_labels, num_clients, rng, min_train, num_classes)
+    rng, num_classes = partition_random_state(spec.seed, dataset, train.labels, test.labels)
+    labels, k, min_train = (train.labels, test.labels), spec.num_clients, spec.min_train
+    if spec.scheme == "dirichlet":
+        return dirichlet_split(*labels, k, spec.beta, rng, min_train, num_classes=num_classes)
+    if spec.scheme == "quantity":
+        return quantity_split(*labels, k, spec.class_fraction, rng, min_train, num_classes)
+    return iid_split(*labels, k, rng, min_train, num_classes)
+
+
+def _split_by_domain(spec: PartitionSpec, train: ImageSplit, test: ImageSplit, state_seed: int) -> tuple[Parts, Parts]:
+    """domain and domain_dirichlet: the checks that need the domains, then the split."""
+    if train.domains is None or test.domains is None:
+        raise PartitionError(
+            f"federation.partition={spec.scheme} needs a dataset with domains (domainnet, officehome); this one "
+            "has none: use dirichlet, quantity or iid"
+        )
+    if spec.scheme == "domain":
+        return domain_split(train.domains, test.domains, spec.num_clients)
+    num_domains = _num_domains(train.domains, test.domains)
+    per_domain = spec.clients_per_domain
+    if spec.num_clients != per_domain * num_domains:
+        raise PartitionError(
+            f"federation.partition=domain_dirichlet: federation.num_clients={spec.num_clients} must equal "
+            f"federation.clients_per_domain ({per_domain}) x {num_domains} domains = {per_domain * num_domains}"
+        )
+    return domain_dirichlet_split(
+        train.labels, test.labels, train.domains, test.domains, per_domain, spec.beta, state_seed, spec.min_train
+    )
 
 
 def partition_random_state(

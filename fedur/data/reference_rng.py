@@ -56,7 +56,7 @@ REFERENCE_DATASETS: dict[str, ReferenceDataset] = {
     "resisc45": ReferenceDataset("RESISC45", 45, 212),
     "cub": ReferenceDataset("CUB", 200, 280),
 }
-"""fedur `data.name` -> the reference's dataset. Others (domainnet, officehome, imagefolder, synthetic)
+"""fedur `Dataset.key` -> the reference's dataset. Others (domainnet, officehome, imagefolder, synthetic)
 are not in the reference."""
 
 

@@ -21,7 +21,7 @@ small ViT separates them well. Images and labels depend only on the arguments (o
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -1,18 +1,11 @@
-"""The pseudo-labellers (fedur.labels.base.Labeller) and their registry: FPL, CPL, CoPL, CoDPL."""
+"""The pseudo-labellers (fedur.labels.base.Labeller): FPL, CPL, CoPL, CoDPL, each one class whose constructor
+arguments are its settings; a class of your own joins them by its import path (docs/extending.md)."""
 
 from __future__ import annotations
 
-from fedur.config import LabelsConfig
-from fedur.labels.base import Labeller, PseudoLabels
+from fedur.labels.base import HardLabeller, Labeller, PseudoLabels
 from fedur.labels.copl import CoDPL, CoPL
 from fedur.labels.cpl import CPL
 from fedur.labels.fpl import FPL
 
-LABELLERS: dict[str, type[Labeller]] = {cls.name: cls for cls in (FPL, CPL, CoPL, CoDPL)}
-
-
-def build_labeller(name: str, cfg: LabelsConfig, dataset: str | None = None) -> Labeller:
-    return LABELLERS[name](cfg, dataset)
-
-
-__all__ = ["LABELLERS", "Labeller", "PseudoLabels", "build_labeller"]
+__all__ = ["CPL", "FPL", "CoDPL", "CoPL", "HardLabeller", "Labeller", "PseudoLabels"]

@@ -2,20 +2,26 @@
 the loss they are trained with. Every federated method can be paired with every labeller (Table 7).
 
 A refresh (fedur/train/refresh.py) goes: predictions -> [`estimate` -> all clients' histograms ->
-`allocate`, for cooperative labellers] -> `select` per client -> class weights from the global selected
-counts -> `loss` during local training.
+`allocate`, for cooperative labellers] -> `select` per client -> `class_weights` from every client's counts
+-> `loss` during local training.
+
+A labeller is a plugin: one class whose constructor arguments are its settings (`--labeller CoDPL
+--labeller.tau_neg 0.3`; a class of your own by import path, `--labeller mypkg.labels.Mine`). See
+docs/extending.md.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
+from jsonargparse.typing import NonNegativeFloat, OpenUnitInterval
 from torch import Tensor
 
-from fedur.config import LabelsConfig
-from fedur.federated.selection import mass_negatives, negative_mask
-from fedur.train.losses import negative_loss, positive_loss
+from fedur.labels.losses import negative_loss, positive_loss
+from fedur.labels.selection import NegativeRule, WeightFn, class_weights, mass_negatives, negative_mask
 
 
 @dataclass(frozen=True)
@@ -28,43 +34,93 @@ class PseudoLabels:
     pools: Tensor | None = None  # (n,) cpl: the class pool each sample filled (GRIP's next caps read them)
 
 
-class Labeller:
-    """Hard pseudo-labels trained with (class-weighted) cross-entropy plus optional negative pseudo-labels.
+class Labeller(ABC):
+    """A pseudo-labeller: `select` picks a client's training samples from its (n, C) probabilities, `loss`
+    trains on them. `cooperative` ones also upload a (C,) histogram at each refresh (`estimate`) and select
+    within the per-class quotas all clients' histograms give (`allocate`)."""
 
-    Subclasses choose the samples (`choose`); `cooperative` ones also upload a class histogram and receive
-    per-class quotas (`estimate`, `allocate`).
-    """
+    key: ClassVar[str] = ""  # the short name runs and tables record ("fpl"); default: the class name, lowercased
 
-    name = "base"
-    cooperative = False  # uploads a (C,) histogram at every refresh and selects within quotas
-    default_class_weights = "none"  # what `labels.class_weights: auto` means for this labeller
-    default_negatives = "none"
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "key" not in cls.__dict__:
+            cls.key = cls.__name__.lower()
 
-    def __init__(self, cfg: LabelsConfig, dataset: str | None = None) -> None:
-        self.cfg = cfg
-        self.class_weight_fn = cfg.class_weights if cfg.class_weights != "auto" else self.default_class_weights
-        self.negatives = cfg.negatives if cfg.negatives != "auto" else self.default_negatives
-        self.tau_neg, self.neg_loss_weight = cfg.tau_neg, cfg.neg_loss_weight
+    @property
+    def cooperative(self) -> bool:
+        """Whether clients upload a histogram at every refresh and select within quotas."""
+        return False
+
+    def bind(self, dataset: str) -> "Labeller":
+        """Settings that default to the dataset's (`dataset`: its key, e.g. "cub"); called once before the run."""
+        return self
 
     def describe(self) -> str:
-        return f"{self.name} (class weights {self.class_weight_fn}, negatives {self.negatives})"
+        return self.key
 
     def estimate(self, probs: Tensor) -> Tensor:
         """(C,) int64: the client's upload before a cooperative selection."""
-        raise NotImplementedError(f"{self.name} does not cooperate")
+        raise NotImplementedError(f"{self.key} does not cooperate")
 
     def allocate(self, estimated: Tensor, n_total: int, refresh_idx: int) -> Tensor:
         """(K, C) quotas from every client's estimate (identical on every rank)."""
-        raise NotImplementedError(f"{self.name} does not cooperate")
+        raise NotImplementedError(f"{self.key} does not cooperate")
 
+    @abstractmethod
+    def select(self, probs: Tensor, quotas: Tensor | None = None, refresh_idx: int = 0,
+               previous: PseudoLabels | None = None) -> PseudoLabels:
+        """The client's pseudo-labels at refresh `refresh_idx` (0-based) from its (n, C) probabilities, within
+        its (C,) `quotas` for a cooperative labeller, given what it selected at the refresh before (`previous`;
+        None at the first)."""
+
+    @abstractmethod
+    def loss(self, logits: Tensor, labels: Tensor, mask: Tensor, class_weights: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """(loss, positive part, negative part) of a batch: logits (B, C), labels (B,), the class mask (B, C)."""
+
+    def class_weights(self, quotas: Tensor, selected: Tensor) -> Tensor | None:
+        """(C,) global class weights of the loss until the next refresh, from every client's (K, C) quotas and
+        selected counts (None: unweighted)."""
+        return None
+
+
+class HardLabeller(Labeller):
+    """Hard pseudo-labels trained with (class-weighted) cross-entropy plus optional negative pseudo-labels
+    (FedUR sec. 3.4). Subclasses choose the samples (`choose`)."""
+
+    def __init__(
+        self,
+        class_weights: WeightFn = "none",
+        weight_source: Literal["realized", "requested"] = "realized",
+        negatives: NegativeRule = "none",
+        tau_neg: OpenUnitInterval = 0.2,
+        neg_loss_weight: NonNegativeFloat = 1.0,
+    ) -> None:
+        """
+        Args:
+            class_weights: Class weights of the cross-entropy from the global selected distribution d_c:
+                inverse frequency normalised to mean 1 ('inv'), its square root ('inv_sqrt'), or off ('none';
+                Table 6 'Weighted').
+            weight_source: d_c from the selected counts each client actually got ('realized') or from the
+                allocation ('requested').
+            negatives: Negative pseudo-labels (Table 6 'Negative'): the lowest classes holding at most
+                `tau_neg` of the probability mass ('mass'), classes with p < tau_neg ('threshold'), the
+                ceil(tau_neg * C) lowest classes ('ratio'), the mass rule on the current model's detached p
+                ('online'), or off ('none').
+            tau_neg: tau_neg of the negative rule.
+            neg_loss_weight: Weight of L_neg in L_pos + weight * L_neg (the paper: 1).
+        """
+        self.class_weight_fn, self.weight_source = class_weights, weight_source
+        self.negatives, self.tau_neg, self.neg_loss_weight = negatives, float(tau_neg), float(neg_loss_weight)
+
+    def describe(self) -> str:
+        return f"{self.key} (class weights {self.class_weight_fn}, negatives {self.negatives})"
+
+    @abstractmethod
     def choose(self, probs: Tensor, quotas: Tensor | None) -> tuple[Tensor, Tensor]:
         """(indices, labels) of the client's training samples from its (n, C) probabilities."""
-        raise NotImplementedError
 
     def select(self, probs: Tensor, quotas: Tensor | None = None, refresh_idx: int = 0,
                previous: PseudoLabels | None = None) -> PseudoLabels:
-        """The client's pseudo-labels at refresh `refresh_idx` (0-based), given what it selected at the one
-        before (`previous`; None at the first). Only schedules that grow with the refreshes read the last two."""
         indices, labels = self.choose(probs, quotas)
         mask = negative_mask(probs[indices], labels, self.negatives, self.tau_neg)
         if mask is None:  # rules 'online' and 'none' store nothing
@@ -72,7 +128,7 @@ class Labeller:
         return PseudoLabels(indices, labels, mask)
 
     def loss(self, logits: Tensor, labels: Tensor, mask: Tensor, class_weights: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """(loss, positive part, negative part) of a batch: L_pos + lambda * L_neg (FedUR sec. 3.4)."""
+        """L_pos + lambda * L_neg (FedUR sec. 3.4)."""
         loss_pos = positive_loss(logits, labels, class_weights)
         if self.negatives == "none":
             return loss_pos, loss_pos.detach(), torch.zeros((), device=logits.device)
@@ -81,3 +137,7 @@ class Labeller:
             mask[torch.arange(len(labels), device=labels.device), labels] = False
         loss_neg = negative_loss(logits, mask)
         return loss_pos + self.neg_loss_weight * loss_neg, loss_pos.detach(), loss_neg.detach()
+
+    def class_weights(self, quotas: Tensor, selected: Tensor) -> Tensor | None:
+        source = quotas if self.weight_source == "requested" else selected
+        return class_weights(source.sum(dim=0), self.class_weight_fn)

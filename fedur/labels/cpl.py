@@ -8,7 +8,7 @@ Zhang et al., ICML 2024, `vanillaer/CPL-ICML2024`:
   called as in `methods/unsupervised_learning_new/textual_PL.py::_create_training_dataset`;
 - loss: `utils/loss.py::PLL_loss.forward_cc` (the scripts' `loss_types=('cc')`).
 
-Per-refresh K (`labels.cpl_per_class`). CPL's `textual_fpl` setting selects N_PSEUDOSHOTS = 16 per class
+Per-refresh K (`per_class`). CPL's `textual_fpl` setting selects N_PSEUDOSHOTS = 16 per class
 once: an integer here, the default, as for FPL. Its `grip_textual` setting grows K at every iteration
 (`training_strategies.py::grip_train`) and caps each class's pool by its previous fill
 (`select_topk_for_eachcls` step 2): `grip` here, with the refreshes as GRIP's iterations. At refresh t a
@@ -21,11 +21,13 @@ pool may grow by at least 1 per refresh, so that pools can refill where K stalls
 from __future__ import annotations
 
 import heapq
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from fedur.config import LabelsConfig
+from jsonargparse.typing import OpenUnitInterval, PositiveInt
+
 from fedur.labels.base import Labeller, PseudoLabels
 
 EPS = 1e-7  # the reference's threshold on renormalised candidate weights (`> 1e-7` everywhere)
@@ -214,28 +216,45 @@ def cc_loss(logits: Tensor, candidates: Tensor) -> Tensor:
 
 
 class CPL(Labeller):
-    """CPL per client: candidate sets at the dataset's (alpha, beta) (or `labels.cpl_quantiles`), at most
-    `labels.cpl_per_class` samples per class pool (or GRIP's growing pools), trained with the 'cc' loss on the
-    candidate sets.
+    """CPL per client: candidate sets at the dataset's (alpha, beta) (or `quantiles`), at most `per_class`
+    samples per class pool (or GRIP's growing pools), trained with the 'cc' loss on the candidate sets.
 
-    The mask is the candidate set and its labels the argmax within it. Class weights and
-    negative pseudo-labels do not apply to the cc loss and are ignored.
+    The mask is the candidate set and its labels the argmax within it. Class weights and negative
+    pseudo-labels do not apply to the cc loss: CPL has neither.
     """
 
-    name = "cpl"
+    def __init__(
+        self,
+        quantiles: tuple[OpenUnitInterval, OpenUnitInterval] | None = None,
+        per_class: PositiveInt | Literal["grip"] = 16,
+    ) -> None:
+        """
+        Args:
+            quantiles: (alpha, beta) quantiles of the intra- and inter-instance candidate rules; null: the
+                dataset's value from CPL's scripts ((0.75, 0.95) where they give none).
+            per_class: Pseudo-labelled samples per class and client; grip: CPL's growing pools, K = (t + 1) *
+                10% (20% for CUB) of the client's images / C at refresh t (at least 1), each pool holding at
+                most its previous fill + max(1, K - the largest previous fill).
+        """
+        self.quantiles = None if quantiles is None else (float(quantiles[0]), float(quantiles[1]))
+        self.per_class = per_class if per_class == "grip" else int(per_class)
+        self.alpha, self.beta = self.quantiles if self.quantiles is not None else DEFAULT_CPL_QUANTILES
+        self.step_quantile = DEFAULT_STEP_QUANTILE
 
-    def __init__(self, cfg: LabelsConfig, dataset: str | None = None) -> None:
-        super().__init__(cfg, dataset)
-        self.alpha, self.beta = cfg.cpl_quantiles if cfg.cpl_quantiles is not None else cpl_quantiles(dataset or "")
-        self.step_quantile = cpl_step_quantile(dataset or "")
+    def bind(self, dataset: str) -> "CPL":
+        """The dataset's (alpha, beta) unless `quantiles` is set, and its GRIP step."""
+        if self.quantiles is None:
+            self.alpha, self.beta = cpl_quantiles(dataset)
+        self.step_quantile = cpl_step_quantile(dataset)
+        return self
 
     def describe(self) -> str:
-        per_class = (f"GRIP pools growing {self.step_quantile}% of the data per refresh" if self.cfg.cpl_per_class == "grip"
-                     else f"{self.cfg.cpl_per_class} per class")
-        return f"{self.name} (alpha {self.alpha}, beta {self.beta}, {per_class}, cc loss)"
+        per_class = (f"GRIP pools growing {self.step_quantile}% of the data per refresh" if self.per_class == "grip"
+                     else f"{self.per_class} per class")
+        return f"cpl (alpha {self.alpha}, beta {self.beta}, {per_class}, cc loss)"
 
     def pool_sizes(self, probs: Tensor, refresh_idx: int, previous: PseudoLabels | None) -> int | Tensor:
-        """Each class pool's capacity at this refresh: `labels.cpl_per_class`, or GRIP's.
+        """Each class pool's capacity at this refresh: `per_class`, or GRIP's.
 
         GRIP: K = max(1, `grip_per_class`) over the client's n images; each pool may hold its previous fill plus
         K - (the largest previous fill), as CPL, but [guess] at least one more than its previous fill (up to
@@ -243,8 +262,8 @@ class CPL(Labeller):
         CPL's increment is 0 and a pool that lost samples could never refill. A previous selection with a
         pool above K (not a GRIP one) counts as none.
         """
-        if self.cfg.cpl_per_class != "grip":
-            return self.cfg.cpl_per_class
+        if self.per_class != "grip":
+            return self.per_class
         n, num_classes = probs.shape
         k_max = max(1, grip_per_class(n, num_classes, refresh_idx, self.step_quantile))
         filled = torch.zeros(num_classes, dtype=torch.long)

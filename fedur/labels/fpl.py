@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedur.federated.selection import select_top
-from fedur.labels.base import Labeller
+from fedur.labels.selection import select_top
+from jsonargparse.typing import PositiveInt
+
+from fedur.labels.base import HardLabeller
 
 
 def fpl_select(probs: Tensor, per_class: int = 16, fill_other_classes: bool = False) -> tuple[Tensor, Tensor]:
@@ -74,11 +76,20 @@ def _menghini_leaderboards(probs: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return out[:, 0], out[:, 1]
 
 
-class FPL(Labeller):
-    """FPL per client: the `labels.fpl_per_class` most confident samples predicted as each class, hard
-    labels, (class-weighted) cross-entropy; no cooperation, no class weights or negatives unless set."""
+class FPL(HardLabeller):
+    """FPL per client: the `per_class` most confident samples predicted as each class, hard labels,
+    (class-weighted) cross-entropy; no cooperation, no class weights or negatives unless set."""
 
-    name = "fpl"
+    def __init__(self, per_class: PositiveInt = 16, **kwargs) -> None:
+        """
+        Args:
+            per_class: Pseudo-labels per class and client (the most confident samples predicted as the class).
+        """
+        super().__init__(**kwargs)
+        self.per_class = int(per_class)
+
+    def describe(self) -> str:
+        return f"fpl ({self.per_class} per class, class weights {self.class_weight_fn}, negatives {self.negatives})"
 
     def choose(self, probs: Tensor, quotas: Tensor | None) -> tuple[Tensor, Tensor]:
-        return fpl_select(probs, self.cfg.fpl_per_class)
+        return fpl_select(probs, self.per_class)

@@ -1,22 +1,15 @@
-"""The federated methods (fedur.methods.base.Method names the places where they differ) and their registry."""
+"""The federated methods (fedur.methods.base.Method names the places where they differ): each one class
+whose constructor arguments are its settings; a class of your own joins them by its import path
+(docs/extending.md)."""
 
 from __future__ import annotations
 
-from fedur.config import MethodConfig
-from fedur.methods.base import Method
+from fedur.methods.base import ClientData, Method
 from fedur.methods.fedotp import FedOTP
 from fedur.methods.fedur import FedCoPL, FedUR
+from fedur.methods.gdau import GDAU
 from fedur.methods.pfedprompt import PFedPrompt
 from fedur.methods.promptfl import PromptFL, PromptProx
 from fedur.methods.zeroshot import ZeroShot
 
-METHODS: dict[str, type[Method]] = {
-    m.name: m for m in (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot)
-}
-
-
-def build_method(cfg: MethodConfig) -> Method:
-    return METHODS[cfg.name](cfg)
-
-
-__all__ = ["METHODS", "Method", "build_method"]
+__all__ = ["GDAU", "ClientData", "FedCoPL", "FedOTP", "FedUR", "Method", "PFedPrompt", "PromptFL", "PromptProx", "ZeroShot"]

@@ -1,59 +1,91 @@
 """What a federated method is, as the round loop asks it.
 
-A method differs from FedUR in a few named places, and only there:
+A method is one class; its constructor arguments are its settings (`--method PromptProx --method.mu 0.1`;
+a class of your own by its import path, `--method mypkg.methods.Mine`). It differs from FedUR in a few
+named places, and only there (docs/extending.md walks through two examples):
 
-- `prompts`: the prompt slots each client holds ("visual", "text_ctx", "text_local");
-- `shared`: which of them the server averages (the others stay personal);
-- `text_side` / `logits`: how a client's logits are formed from an image batch;
+A client's model
+- `prompts`: the prompt slots each client holds and trains ("visual", "text_ctx", "text_local");
+- `text_side` / `logits`: how a client's logits are formed from an image batch and its prompts;
+- `group_logits`: the logits of several clients' batches at once (run.clients_per_step). The default calls
+  `logits` once per client, so it is right for every method; a method may declare a fused forward;
 - `penalty`: an extra term of the local loss (e.g. FedProx's proximal term);
-- `after_refresh`: per-client state built at each pseudo-label refresh, kept in `client.extra` (checkpointed
-  with the client);
-- `default_labeller`: the pseudo-labeller it is paired with unless `method.labeller` says otherwise.
+- `after_refresh`: per-client state built at each pseudo-label refresh, kept in `client.extra`
+  (checkpointed with the client);
+- `trains`: whether clients train their prompts with SGD on pseudo-labels (zero-shot CLIP and GDA-U do not);
+- `default_labeller` / `pair`: the pseudo-labeller it is paired with unless `--labeller` says otherwise.
+
+The server (identical on every rank, from every client's upload in client-id order)
+- `init_shared`: the shared pieces and their initial value (default: the prompts in `shared`);
+- `upload`: what a client sends after its local update (default: its shared prompts);
+- `aggregate`: the new global pieces from the uploads (default: the weighted average), with the method's
+  own server state (checkpointed and restored with the run);
+- `download`: what a client takes from the global pieces (default: the shared prompts);
+- `client_weights`, `participants`, `rounds`: aggregation weights, who takes part, how many rounds.
 
 The loop, collectives, checkpoints, resume, metrics and placement are the same for every method.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Any, ClassVar, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from fedur.config import MethodConfig
+from fedur.federated.aggregation import weighted_average
+from fedur.federated.client import ClientState
+from fedur.federated.streams import participants
+from fedur.labels import CoDPL, Labeller
+from fedur.model.classifier import PromptedCLIP
 
-if TYPE_CHECKING:
-    from fedur.model.classifier import PromptedCLIP
-    from fedur.train.client import ClientState
-    from fedur.train.rank import Rank
 
-SHARE = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text_ctx"), "none": ()}
+class ClientData(Protocol):
+    """What a method may read of a client's images beyond a batch (the round loop's rank provides it)."""
+
+    @property
+    def model(self) -> PromptedCLIP: ...
+
+    def train_features(self, client: ClientState, positions: np.ndarray | None = None) -> Tensor:
+        """(n, D) unit-norm frozen CLIP image features (no prompts), float32 on CPU, of the client's train
+        images at `positions` (None: all of them, in order)."""
+        ...
 
 
 class Method:
-    name = "base"
-    prompts: tuple[str, ...] = ("visual", "text_ctx")
-    shared: tuple[str, ...] = ("visual",)
-    default_labeller = "codpl"
-    trains = True  # False: zero-shot CLIP, no rounds
-    groupable = True  # several clients can train in one batch (`group_logits`): logits are image x text features
+    """A federated method. The defaults are FedUR's structure: a deep visual prompt averaged by the server
+    (weighted by the selected counts) and a text prompt each client keeps, logits = scale x cos(image, text)."""
 
-    def __init__(self, cfg: MethodConfig) -> None:
-        self.cfg = cfg
-        if cfg.share != "auto":
-            wanted = SHARE[cfg.share]
-            missing = [name for name in wanted if name not in self.prompts]
-            if missing:
-                raise ValueError(
-                    f"method.share={cfg.share} averages {', '.join(missing)}, which method.name={self.name} does not "
-                    f"have (its prompts: {', '.join(self.prompts) or 'none'}); use method.share=auto"
-                )
-            self.shared = wanted
+    key: ClassVar[str] = ""  # the short name runs and tables record ("fedur"); default: the class name, lowercased
+    prompts: ClassVar[tuple[str, ...]] = ("visual", "text_ctx")
+    trains: ClassVar[bool] = True  # local SGD on pseudo-labels; False: training-free (no labeller, no tuner)
+    shared: tuple[str, ...] = ("visual",)  # the pieces the server aggregates (instance-level: an ablation may change it)
 
-    @property
-    def labeller(self) -> str:
-        """The pseudo-labeller's name: `method.labeller`, or this method's own for 'auto'."""
-        return self.default_labeller if self.cfg.labeller == "auto" else self.cfg.labeller
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "key" not in cls.__dict__:
+            cls.key = cls.__name__.lower()
+        # A fused grouped forward is written for one `logits`: a subclass that changes the logits without
+        # writing its own grouped forward falls back to the per-client default, which is always right.
+        if {"logits", "text_side"} & set(cls.__dict__) and "group_logits" not in cls.__dict__:
+            cls.group_logits = Method.group_logits
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+    # ---------------------------------------------------------------- pairing and checks
+
+    def default_labeller(self) -> Labeller | None:
+        """The pseudo-labeller this method trains with unless `--labeller` names one (None: it needs none)."""
+        return CoDPL() if self.trains else None
+
+    def pair(self, labeller: Labeller | None) -> Labeller | None:
+        """The labeller to run with: `labeller`, or this method's own for None. Raises ValueError when the
+        two do not fit (here: a training-free method given a labeller)."""
+        if labeller is not None and not self.trains:
+            raise ValueError(f"{type(self).__name__} trains nothing, so it uses no pseudo-labeller; remove --labeller")
+        return self.default_labeller() if labeller is None else labeller
 
     def visual_tokens(self, configured: int) -> int:
         """Visual prompt tokens of the model: `model.visual_tokens`, or 0 for a method without a visual prompt."""
@@ -64,32 +96,77 @@ class Method:
         """Whether the model needs a second (local) text context."""
         return "text_local" in self.prompts
 
-    def text_side(self, model: "PromptedCLIP") -> Tensor:
+    def rounds(self, configured: int) -> int:
+        """How many rounds to run of `federation.rounds`."""
+        return configured
+
+    # ---------------------------------------------------------------- a client's model
+
+    def text_side(self, model: PromptedCLIP, prompts: dict[str, Tensor]) -> Any:
         """What the logits need from the text tower, computed once per pass (and every training step)."""
-        return model.text_features()
+        return model.text_features(prompts.get("text_ctx"))
 
-    def logits(self, model: "PromptedCLIP", images: Tensor, text: Tensor, client: "ClientState") -> Tensor:
-        """(B, C) logits of the client's model, the client's prompts loaded into `model`."""
-        return model.logits(model.image_features(images), text)
+    def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
+               client: ClientState) -> Tensor:
+        """(B, C) logits of the client's model with `prompts` (the ones being trained, or the client's own)."""
+        return model.logits(model.image_features(images, visual=prompts.get("visual")), text)
 
-    def group_logits(self, model: "PromptedCLIP", images: Tensor, owners: Tensor, prompts: list[dict[str, Tensor]]) -> Tensor:
-        """(B, C) logits of several clients' images in one batch: image b with the prompts `prompts[owners[b]]`
-        (run.clients_per_step). The same as each client's `logits` with its prompts loaded, up to rounding."""
-        visual = None
-        if "visual" in prompts[0] and prompts[0]["visual"].numel():
-            visual = torch.stack([p["visual"] for p in prompts])[owners]  # (B, depth, n_tok, width)
-        text = torch.stack([model.text_features(p["text_ctx"]) for p in prompts])  # (G, C, D)
-        return model.logits(model.image_features(images, visual=visual), text, owners)
+    def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
+                     texts: list[Any], clients: list[ClientState]) -> list[Tensor]:
+        """Each client's (B_k, C) logits of its batch `images[k]` with `prompts[k]` (several clients in one
+        step, run.clients_per_step). Default: `logits` once per client."""
+        return [self.logits(model, x, p, t, c) for x, p, t, c in zip(images, prompts, texts, clients)]
 
-    def classifier(self, model: "PromptedCLIP", client: "ClientState") -> Callable[[Tensor], Tensor]:
-        """images -> logits with the text side computed once (pseudo-labelling, evaluation)."""
-        text = self.text_side(model)
-        return lambda images: self.logits(model, images, text, client)
-
-    def penalty(self, model: "PromptedCLIP", start: dict[str, Tensor], prompts: dict[str, Tensor] | None = None) -> Tensor | None:
-        """An extra local loss term; `start`: the prompts the client began the round with; `prompts`: the ones
-        being trained (default: the model's slots)."""
+    def penalty(self, prompts: dict[str, Tensor], start: dict[str, Tensor]) -> Tensor | None:
+        """An extra local loss term of the `prompts` being trained; `start`: those the client began the round with."""
         return None
 
-    def after_refresh(self, rank: "Rank", client: "ClientState") -> None:
+    def after_refresh(self, client: ClientState, data: ClientData) -> None:
         """Build per-client state from the client's new pseudo-labels (in `client.extra`)."""
+
+    # ---------------------------------------------------------------- the server
+
+    def init_shared(self, model: PromptedCLIP) -> dict[str, Tensor]:
+        """The global value of each shared piece before the first round (and the shape every upload has)."""
+        return model.prompts(self.shared)
+
+    def upload(self, client: ClientState, data: ClientData) -> dict[str, Tensor]:
+        """What a client that took part sends after its local update, one tensor per shared piece."""
+        return {name: client.prompts[name] for name in self.shared}
+
+    def aggregate(self, uploads: dict[str, Tensor], weights: Tensor, current: dict[str, Tensor],
+                  state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The new global pieces from `uploads` {name: (K, *shape)} (row k: client k's upload; zeros for a
+        client with weight 0) and `weights` (K,), given the `current` ones. `state`: the method's own server
+        state, kept between rounds and checkpointed (change it in place). Default: the weighted average in
+        client-id order; a piece nobody uploaded keeps its value."""
+        out = {}
+        for name, stacked in uploads.items():
+            average = weighted_average(stacked, weights)
+            out[name] = current[name] if average is None else average
+        return out
+
+    def download(self, client: ClientState, shared: dict[str, Tensor], state: dict[str, Tensor]) -> None:
+        """What every client (also one that sat the round out) takes from the new global pieces `shared` (and
+        the method's server `state`)."""
+        client.prompts = {**client.prompts, **{name: shared[name] for name in self.shared}}
+
+    def client_weights(self, selected: Tensor | None, train_sizes: Tensor) -> Tensor:
+        """(K,) aggregation weight of each client: its selected pseudo-label count |D~_k| (`selected`; None
+        without a labeller, then its number of train images)."""
+        return train_sizes if selected is None else selected
+
+    def participants(self, round_idx: int, num_clients: int, join_rate: float, seed: int) -> Tensor:
+        """(K,) bool: the clients that take part in the round (default: ceil(join_rate * K), drawn uniformly)."""
+        return torch.from_numpy(participants(num_clients, join_rate, seed, round_idx))
+
+
+def share_names(method: Method, share: str) -> tuple[str, ...]:
+    """The prompts an ablation of the aggregation protocol shares ('visual', 'text', 'both', 'none'); a
+    ValueError names what the method does not have."""
+    wanted = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text_ctx"), "none": ()}[share]
+    missing = [name for name in wanted if name not in method.prompts]
+    if missing:
+        raise ValueError(f"share={share} averages {', '.join(missing)}, which {type(method).__name__} does not have "
+                         f"(its prompts: {', '.join(method.prompts) or 'none'})")
+    return wanted

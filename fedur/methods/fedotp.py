@@ -6,28 +6,51 @@ No visual prompt."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from jsonargparse.typing import PositiveFloat, PositiveInt
 from torch import Tensor
 
+from fedur.config import Fraction
+from fedur.federated.client import ClientState
+from fedur.labels import FPL, Labeller
 from fedur.methods.base import Method
 from fedur.methods.fedotp_math import ot_logits
+from fedur.model.classifier import PromptedCLIP
 
 
 class FedOTP(Method):
-    groupable = False  # its logits come from a transport plan over patch tokens
-    name = "fedotp"
+    """FedOTP: a global text prompt (averaged) and a local one (personal), matched to an image's patch
+    features by unbalanced optimal transport; FPL pseudo-labels."""
+
     prompts = ("text_ctx", "text_local")  # prompt 0 global, prompt 1 local
     shared = ("text_ctx",)
-    default_labeller = "fpl"
 
-    def text_side(self, model) -> Tensor:
-        return torch.stack([model.text_features(), model.text_features(model.text_local)])  # (2, C, D)
+    def __init__(
+        self, eps: PositiveFloat = 0.1, top_percent: Fraction = 0.8, max_iter: PositiveInt = 100,
+        thresh: PositiveFloat = 1e-3,
+    ) -> None:
+        """
+        Args:
+            eps: Entropic regularisation of the Sinkhorn iterations.
+            top_percent: Mass the unbalanced transport plan moves (the share of patches matched).
+            max_iter: Sinkhorn iterations at most.
+            thresh: Sinkhorn stops when the mean change of the scaling falls below this.
+        """
+        self.eps, self.top_percent, self.max_iter, self.thresh = float(eps), float(top_percent), int(max_iter), float(thresh)
 
-    def logits(self, model, images: Tensor, text: Tensor, client) -> Tensor:
-        patches = model.image_tokens(images)[:, 1:]  # (B, M, D): every token but the class token
-        c = self.cfg
+    def default_labeller(self) -> Labeller | None:
+        return FPL()
+
+    def text_side(self, model: PromptedCLIP, prompts: dict[str, Tensor]) -> Any:
+        return torch.stack([model.text_features(prompts["text_ctx"]), model.text_features(prompts["text_local"])])  # (2, C, D)
+
+    def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
+               client: ClientState) -> Tensor:
+        patches = model.image_tokens(images, visual=prompts.get("visual"))[:, 1:]  # (B, M, D): every token but the class token
         with torch.autocast(patches.device.type, enabled=False):
             return ot_logits(
                 patches.float(), text.float(), model.logit_scale.float(),
-                eps=c.ot_eps, top_percent=c.ot_top_percent, max_iter=c.ot_max_iter, thresh=c.ot_thresh,
+                eps=self.eps, top_percent=self.top_percent, max_iter=self.max_iter, thresh=self.thresh,
             )

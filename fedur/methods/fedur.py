@@ -4,16 +4,58 @@ pseudo-labels), FedCoPL's CoPL."""
 
 from __future__ import annotations
 
-from fedur.methods.base import Method
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from fedur.federated.client import ClientState
+from fedur.labels import CoDPL, CoPL, Labeller
+from fedur.methods.base import Method, share_names
+from fedur.model.classifier import PromptedCLIP
+
+
+def fused_group_logits(method: Method, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
+                       texts: list[Tensor], clients: list[ClientState]) -> list[Tensor]:
+    """The default logits of several clients in one forward: image b with the visual prompt of its client
+    (one per image), against its client's class features. Equal to one `logits` call per client up to
+    rounding; the group's images go through the image tower together, which keeps a large GPU busy."""
+    if len(images) == 1:  # a client alone: exactly its own logits
+        return [method.logits(model, images[0], prompts[0], texts[0], clients[0])]
+    sizes = [len(x) for x in images]
+    owners = torch.repeat_interleave(torch.arange(len(images), device=images[0].device),
+                                     torch.tensor(sizes, device=images[0].device))  # (B,) client of each image
+    visual = None
+    if prompts[0].get("visual") is not None and prompts[0]["visual"].numel():
+        visual = torch.stack([p["visual"] for p in prompts])[owners]  # (B, depth, n_tok, width)
+    features = model.image_features(torch.cat(images), visual=visual)  # (B, D)
+    return list(model.logits(features, torch.stack(texts), owners).split(sizes))  # texts: G x (C, D)
 
 
 class FedUR(Method):
-    name = "fedur"
+    """FedUR: deep visual prompts averaged by the server, personal text prompts, CoDPL pseudo-labels."""
+
     prompts = ("visual", "text_ctx")
-    shared = ("visual",)
-    default_labeller = "codpl"
+
+    def __init__(self, share: Literal["visual", "text", "both", "none"] = "visual") -> None:
+        """
+        Args:
+            share: Prompts the server averages: the visual prompt (the paper's protocol; text prompts stay
+                personal), or as ablations of the aggregation protocol 'text', 'both' or 'none'.
+        """
+        self.share = share
+        self.shared = share_names(self, share)
+
+    def default_labeller(self) -> Labeller | None:
+        return CoDPL()
+
+    def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
+                     texts: list[Any], clients: list[ClientState]) -> list[Tensor]:
+        return fused_group_logits(self, model, images, prompts, texts, clients)
 
 
 class FedCoPL(FedUR):
-    name = "fedcopl"
-    default_labeller = "copl"
+    """FedCoPL (FedUR's predecessor): FedUR's prompts with the CoPL labeller (no class weights, no negatives)."""
+
+    def default_labeller(self) -> Labeller | None:
+        return CoPL()

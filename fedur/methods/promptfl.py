@@ -4,23 +4,43 @@ loss (spec sec. 10; FedOTP's re-implementation, mu = 0.5)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from jsonargparse.typing import NonNegativeFloat
 from torch import Tensor
 
+from fedur.federated.client import ClientState
+from fedur.labels import FPL, Labeller
 from fedur.methods.base import Method
+from fedur.methods.fedur import fused_group_logits
 from fedur.methods.proximal import proximal_term
+from fedur.model.classifier import PromptedCLIP
 
 
 class PromptFL(Method):
-    name = "promptfl"
+    """PromptFL: one CoOp text prompt averaged by the server (FedAvg), no visual prompt; FPL pseudo-labels."""
+
     prompts = ("text_ctx",)
     shared = ("text_ctx",)
-    default_labeller = "fpl"
+
+    def default_labeller(self) -> Labeller | None:
+        return FPL()
+
+    def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
+                     texts: list[Any], clients: list[ClientState]) -> list[Tensor]:
+        return fused_group_logits(self, model, images, prompts, texts, clients)
 
 
 class PromptProx(PromptFL):
-    name = "promptprox"
+    """PromptProx: PromptFL with FedProx's proximal term on the shared prompt."""
 
-    def penalty(self, model, start: dict[str, Tensor], prompts: dict[str, Tensor] | None = None) -> Tensor | None:
-        slots = model.slots() if prompts is None else prompts
+    def __init__(self, mu: NonNegativeFloat = 0.5) -> None:
+        """
+        Args:
+            mu: mu of the proximal term (mu / 2) * ||prompt - global prompt||^2 (FedOTP's default 0.5).
+        """
+        self.mu = float(mu)
+
+    def penalty(self, prompts: dict[str, Tensor], start: dict[str, Tensor]) -> Tensor | None:
         names = [name for name in self.shared if name in start]
-        return proximal_term([slots[n] for n in names], [start[n] for n in names], self.cfg.prox_mu)
+        return proximal_term([prompts[n] for n in names], [start[n] for n in names], self.mu)

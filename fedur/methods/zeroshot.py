@@ -3,12 +3,28 @@ on every client's test set (the per-client mean) and on the whole test set (the 
 
 from __future__ import annotations
 
+from typing import Any
+
+from torch import Tensor
+
+from fedur.federated.client import ClientState
 from fedur.methods.base import Method
+from fedur.model.classifier import PromptedCLIP
 
 
 class ZeroShot(Method):
-    name = "zeroshot"
+    """Zero-shot CLIP: no prompts, no rounds; the run's result is the frozen model's accuracy."""
+
     prompts = ()
     shared = ()
-    default_labeller = "fpl"  # unused: nothing is trained
     trains = False
+
+    def rounds(self, configured: int) -> int:
+        return 0  # nothing changes from round to round: the zero-shot evaluation is the result
+
+    def text_side(self, model: PromptedCLIP, prompts: dict[str, Tensor]) -> Any:
+        return model.zero_shot_text
+
+    def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
+               client: ClientState) -> Tensor:
+        return model.logits(model.image_features(images, prompted=False), text)

@@ -59,6 +59,7 @@ class PromptedCLIP(nn.Module):
         self.text_local = nn.Parameter(init_prompt((n_ctx, text_width), init_std, seed=seed * 1000 + 3)) if local_text else None
         self.shared_prefix_text = True  # text tower: encode the class-independent prefix once (exact)
         self.normalize: Callable[[Tensor], Tensor] = _identity
+        self.zero_shot_text: Tensor | None = None  # (C, D) the template's class features, set by the round loop
 
     def train(self, mode: bool = True) -> "PromptedCLIP":
         super().train(mode)
@@ -133,10 +134,12 @@ class PromptedCLIP(nn.Module):
         text = text_features.to(self.logit_scale.device)
         return lambda images: self.logits(self.image_features(images, prompted=False), text)
 
-    def image_tokens(self, images: Tensor) -> Tensor:
-        """(B, 1 + N, D) unit-norm projected output tokens (class token first, then the patches)."""
+    def image_tokens(self, images: Tensor, visual: Tensor | None = None) -> Tensor:
+        """(B, 1 + N, D) unit-norm projected output tokens (class token first, then the patches), with the
+        visual prompts `visual` (default: the model's slot)."""
         images = self.normalize(images)
-        prompts = self.visual_prompt if self.visual_prompt.numel() else None
+        prompts = self.visual_prompt if visual is None else visual
+        prompts = prompts if prompts.numel() else None
         return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, return_tokens=True), dim=-1)
 
     @torch.no_grad()

@@ -35,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("grid", nargs="?", choices=sorted(GRIDS), metavar="GRID", help="the grid: " + ", ".join(GRIDS))
     p.add_argument("--seeds", default="1,2,3", help="comma-separated run seeds (default: 1,2,3, the paper's)")
     p.add_argument("--data-root", help="where the datasets are (see below)")
-    p.add_argument("--model-dir", help="proxy grids: the tiny-clip folder (default: $FEDUR_TINY_CLIP, else ../shared/assets/tiny-clip)")
+    p.add_argument("--model-dir", help="proxy grids: the tiny-clip folder (default: $FEDUR_TINY_CLIP)")
     p.add_argument("--out", default="runs/tables", help="folder of the runs and tables (default: runs/tables)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once on this machine (default 1); each gets cores/jobs threads")
     p.add_argument("--launcher", help='prefix of each run, e.g. "fabric run --devices 8" (default: python -m fedur.main)')
@@ -92,6 +92,9 @@ def check_inputs(grid: Grid, inputs: runner.Inputs) -> str | None:
             return f"--data-root names no folder for {', '.join(lacking)}"
     if grid.uses_model_dir:
         folder = runner.model_dir_for(inputs.model_dir)
+        if folder is None:
+            return (f"grid {grid.name} runs the tiny-clip proxy model: give its folder with --model-dir DIR or "
+                    f"${runner.TINY_CLIP_ENV} (it holds {runner.TINY_CLIP_NAME}.json and .pt)")
         if not (folder / f"{runner.TINY_CLIP_NAME}.pt").is_file():
             return f"grid {grid.name} needs the tiny-clip folder: {folder} has no {runner.TINY_CLIP_NAME}.pt (--model-dir)"
     return None
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {len(specs)} runs: {len(grid.rows)} rows x {len(grid.columns)} columns x {len(seeds)} seeds")
         return 0
     inputs = runner.Inputs(data_root=absolute_root(args.data_root),
-                           model_dir=str(runner.model_dir_for(args.model_dir)) if grid.uses_model_dir else None,
+                           model_dir=args.model_dir and str(runner.model_dir_for(args.model_dir)),
                            launcher=args.launcher, extra=tuple(extra),
                            threads=runner.default_threads(args.jobs) if args.task is None and not args.slurm else None)
 
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"fedur-tables: warning: {problem}")
     if args.slurm:
-        return write_slurm(grid, args, own, extra, seeds, specs, todo, statuses, folder)
+        return write_slurm(grid, args, (own, extra), seeds, specs, statuses, folder)
     if args.dry_run:
         for i, spec in enumerate(todo, start=1):
             print(f"[{i}/{len(todo)}] {statuses[spec.index]}: {spec.name}  log {spec.log}\n    {shlex.join(runner.command(spec, inputs))}")
@@ -190,8 +193,12 @@ def run_task(grid: Grid, task: int, seeds: list[int], out: Path, folder: Path, i
     return 0 if outcome.ok else 1
 
 
-def write_slurm(grid: Grid, args: argparse.Namespace, own: list[str], extra: list[str], seeds: list[int],
-                specs: list[RunSpec], todo: list[RunSpec], statuses: dict[int, str], folder: Path) -> int:
+def write_slurm(grid: Grid, args: argparse.Namespace, argv: tuple[list[str], list[str]], seeds: list[int],
+                specs: list[RunSpec], statuses: dict[int, str], folder: Path) -> int:
+    """<grid>-array.sbatch for the runs not done yet (`statuses`); `argv`: this call's own arguments and
+    those after `--`."""
+    own, extra = argv
+    todo = [s for s in specs if statuses[s.index] != "done"]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "slurm").mkdir(exist_ok=True)
     (folder / "runs.tsv").write_text(slurm.index_tsv(specs, statuses))
@@ -204,7 +211,7 @@ def write_slurm(grid: Grid, args: argparse.Namespace, own: list[str], extra: lis
     if args.data_root:
         task_args += ["--data-root", absolute_root(args.data_root)]
     if grid.uses_model_dir:
-        task_args += ["--model-dir", str(runner.model_dir_for(args.model_dir))]
+        task_args += ["--model-dir", str(runner.model_dir_for(args.model_dir) or "")]
     options = slurm.SlurmOptions(gpus=args.slurm_gpus, cpus_per_task=args.slurm_cpus, time=args.slurm_time,
                                  parallel=args.slurm_parallel,
                                  options=tuple(o if o.startswith("-") else f"--{o}" for o in args.sbatch_option))

@@ -1,6 +1,6 @@
 """The named grids of `fedur-tables`: rows (methods) x columns (dataset, setting) x seeds, as data.
 
-A row is a method with its pseudo-labeller (fedur's `--method.*` / `--labels.*` flags); a column is one
+A row is a method with its pseudo-labeller (fedur's `--method` / `--labeller` flags); a column is one
 config file (plus flags) and the paper cell it reproduces. Every run of a grid is
 `python -m fedur.main --config <column config> <column flags> <grid flags> <row flags> <extra> --run.seed k`.
 Change a grid here and nowhere else; `tests/test_tables.py` checks that every config file exists.
@@ -8,10 +8,12 @@ Change a grid here and nowhere else; `tests/test_tables.py` checks that every co
 
 from __future__ import annotations
 
+import importlib.resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+# fedur's configs/: shipped inside the package as fedur.configs (a checkout's configs/ when installed editable).
+CONFIGS = Path(str(importlib.resources.files("fedur.configs")))
 
 # Value a cell shows, from summary.json: a trained method's final mean accuracy over clients, or the
 # zero-shot CLIP accuracy on the whole test set (the paper's zero-shot protocol).
@@ -32,7 +34,7 @@ class Column:
     key: str  # folder name
     label: str  # column header
     section: str  # columns with the same section form one printed table (the paper's beta = 0.1 half, ...)
-    config: str  # relative to the repository root
+    config: str  # relative to fedur's configs/ (`config_path`)
     dataset: str  # paper.py dataset key; also the folder of --data-root DIR/<dataset>
     setting: str  # paper.py setting key
     flags: tuple[str, ...] = ()
@@ -54,19 +56,27 @@ class Grid:
     notes: tuple[str, ...] = field(default_factory=tuple)  # printed under the table
 
 
+# Row keys (paper.py's) -> the class fedur's --method / --labeller take.
+METHOD_CLASSES = {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL", "promptprox": "PromptProx",
+                  "pfedprompt": "PFedPrompt", "fedotp": "FedOTP", "zeroshot": "ZeroShot", "gdau": "GDAU"}
+LABELLER_CLASSES = {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
+
+
 def method_row(method: str, labeller: str | None, labels: tuple[str, str]) -> Row:
-    flags = ("--method.name", method) + (("--method.labeller", labeller) if labeller else ())
+    flags = ("--method", METHOD_CLASSES[method]) + (("--labeller", LABELLER_CLASSES[labeller]) if labeller else ())
     return Row(key=f"{method}+{labeller}" if labeller else method, labels=labels, flags=flags)
 
 
-ZERO_SHOT_ROW = Row("zeroshot", ("CLIP (zero-shot)", "-"), ("--method.name", "zeroshot"), value=ZERO_SHOT)
+ZERO_SHOT_ROW = Row("zeroshot", ("CLIP (zero-shot)", "-"), ("--method", "ZeroShot"), value=ZERO_SHOT)
 BASELINES = ("promptfl", "promptprox", "pfedprompt", "fedotp")
 BASELINE_LABELS = {"promptfl": "PromptFL", "promptprox": "PromptProx", "pfedprompt": "pFedPrompt", "fedotp": "FedOTP"}
 LABELLER_LABELS = {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
 
-# Table 1 and 2's rows, in the paper's order.
+# Table 1 and 2's rows, in the paper's order; GDA-U (training-free, cited by the paper but not in its tables)
+# is fedur's addition, below zero-shot CLIP.
 PAPER_ROWS = (
     ZERO_SHOT_ROW,
+    method_row("gdau", None, ("GDA-U", "EM")),
     *(method_row(m, pl, (BASELINE_LABELS[m], LABELLER_LABELS[pl])) for m in BASELINES for pl in ("fpl", "cpl")),
     method_row("fedcopl", None, ("FedCoPL", "CoPL")),
     method_row("fedur", None, ("FedUR", "CoDPL")),
@@ -96,12 +106,12 @@ ABLATION = (
 def ablation_row(key: str, selection: bool, confidence: bool, entropy: bool, weighted: bool, negative: bool) -> Row:
     tick = {True: "✓", False: "–"}
     flags = (
-        "--method.name", "fedur",
-        "--labels.cooperative_selection", str(selection).lower(),
-        "--labels.confidence_filter", str(confidence).lower(),
-        "--labels.entropy_filter", str(entropy).lower(),
-        "--labels.class_weights", "inv" if weighted else "none",
-        "--labels.negatives", "mass" if negative else "none",
+        "--method", "FedUR", "--labeller", "CoDPL",
+        "--labeller.cooperative_selection", str(selection).lower(),
+        "--labeller.confidence_filter", str(confidence).lower(),
+        "--labeller.entropy_filter", str(entropy).lower(),
+        "--labeller.class_weights", "inv" if weighted else "none",
+        "--labeller.negatives", "mass" if negative else "none",
     )
     return Row(key, tuple(tick[v] for v in (selection, confidence, entropy, weighted, negative)), flags)
 
@@ -112,12 +122,12 @@ TABLE1_DATASETS = ("dtd", "resisc45", "cub", "ucf101", "cifar10", "cifar100")
 
 def dirichlet_column(dataset: str, beta: str) -> Column:
     return Column(f"{dataset}-beta{beta}", DATASET_LABELS[dataset], f"Dirichlet β = {beta}",
-                  f"configs/paper/table1/{dataset}-beta{beta}.yaml", dataset, f"beta{beta}")
+                  f"paper/table1/{dataset}-beta{beta}.yaml", dataset, f"beta{beta}")
 
 
 def quantity_column(dataset: str) -> Column:
     return Column(f"{dataset}-quantity", DATASET_LABELS[dataset], "quantity skew (20% of the classes per client)",
-                  f"configs/paper/table2/{dataset}-quantity.yaml", dataset, "quantity")
+                  f"paper/table2/{dataset}-quantity.yaml", dataset, "quantity")
 
 
 # Figure 3: the paper sweeps the number of clients (top row) and the joining rate (bottom row) on
@@ -130,7 +140,7 @@ FIGURE3_JOIN_RATES = (0.1, 0.2, 0.5)
 
 
 def figure3_columns(dataset: str) -> tuple[Column, ...]:
-    config = f"configs/paper/table1/{dataset}-beta0.1.yaml"
+    config = f"paper/table1/{dataset}-beta0.1.yaml"
     name = DATASET_LABELS[dataset]
     clients = tuple(
         Column(f"{dataset}-clients{k}", f"K={k}", f"{name}, number of clients (all join)", config, dataset,
@@ -145,7 +155,7 @@ def figure3_columns(dataset: str) -> tuple[Column, ...]:
     return clients + rates
 
 
-PROXY_CONFIG = "configs/proxy/cifar10-tinyclip.yaml"
+PROXY_CONFIG = "proxy/cifar10-tinyclip.yaml"
 PROXY_COLUMN = Column("cifar10-tinyclip", "CIFAR10 (tiny-clip proxy)", "CPU proxy: tiny-clip on CIFAR10 JPEGs, Dirichlet β = 0.1",
                       PROXY_CONFIG, "cifar10", "beta0.1")
 PROXY_NOTE = ("proxy: the paper's number is ViT-B/32 CLIP on CIFAR10 beta 0.1 (full schedule); these runs use the "
@@ -192,10 +202,15 @@ GRIDS: dict[str, Grid] = {
     "tiny": Grid(
         "tiny", "tiny: the mechanics tests' model and data (does not learn)",
         (method_row("fedur", None, ("FedUR", "CoDPL")), method_row("fedcopl", None, ("FedCoPL", "CoPL"))),
-        (Column("tiny", "synthetic", "tests/tiny.yaml, 2 rounds", "tests/tiny.yaml", "synthetic", "tiny"),),
+        (Column("tiny", "synthetic", "configs/tiny.yaml, 2 rounds", "tiny.yaml", "synthetic", "tiny"),),
         ("Method", "PL"), flags=("--federation.rounds", "2"), uses_data_root=False,
     ),
 }
+
+
+def config_path(config: str) -> Path:
+    """A grid's config file (`Column.config`) in fedur's configs/."""
+    return CONFIGS / config
 
 
 @dataclass(frozen=True)

@@ -17,17 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedur.tables.grids import Column, Grid, Row, RunSpec
-from fedur.tables.runner import extra_flags
+from fedur.tables.runner import extra_flags, read_summary
 from fedur.tables.paper import PAPER_AVERAGE, paper_value
 
 MISSING = "—"
-
-
-def read_summary(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def mean(values: list[float]) -> float | None:

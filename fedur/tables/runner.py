@@ -8,6 +8,7 @@ interrupted one's lines). A failed run is reported with its log and does not sto
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -20,9 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedur.tables.grids import REPO, RunSpec
+from fedur.tables.grids import RunSpec, config_path
+from fedur.train import checkpoint
+from fedur.train.run_dir import changed_settings
 
-MAIN = REPO / "fedur" / "main.py"
+MAIN = Path(importlib.util.find_spec("fedur.main").origin)  # the script `fabric run` launches
 # Launchers that take a script path (fabric run ... fedur/main.py); any other launcher (srun, mpirun,
 # env ...) is followed by the python interpreter and the script.
 SCRIPT_LAUNCHERS = {"fabric", "lightning", "torchrun"}
@@ -75,10 +78,10 @@ def data_root_for(spec: RunSpec, data_root: str | None) -> str | None:
     return data_root
 
 
-def model_dir_for(model_dir: str | None) -> Path:
-    """The tiny-clip folder: --model-dir, else $FEDUR_TINY_CLIP, else ../shared/assets/tiny-clip."""
-    value = model_dir or os.environ.get(TINY_CLIP_ENV) or str(REPO.parent / "shared" / "assets" / "tiny-clip")
-    return Path(value).expanduser().resolve()
+def model_dir_for(model_dir: str | None) -> Path | None:
+    """The tiny-clip folder: --model-dir, else $FEDUR_TINY_CLIP (None: neither is given)."""
+    value = model_dir or os.environ.get(TINY_CLIP_ENV)
+    return Path(value).expanduser().resolve() if value else None
 
 
 def command(spec: RunSpec, inputs: Inputs) -> list[str]:
@@ -93,12 +96,12 @@ def command(spec: RunSpec, inputs: Inputs) -> list[str]:
         head = [*launcher, str(MAIN)] if program in SCRIPT_LAUNCHERS else [*launcher, sys.executable, str(MAIN)]
     else:
         head = [sys.executable, "-m", "fedur.main"]
-    cmd = [*head, "--config", str(REPO / spec.column.config), *spec.column.flags, *spec.grid.flags, *spec.row.flags]
+    cmd = [*head, "--config", str(config_path(spec.column.config)), *spec.column.flags, *spec.grid.flags, *spec.row.flags]
     root = data_root_for(spec, inputs.data_root)
     if root:
-        cmd += ["--data.root", root]
-    if spec.grid.uses_model_dir:
-        folder = model_dir_for(inputs.model_dir)
+        cmd += ["--dataset.root", root]
+    folder = model_dir_for(inputs.model_dir)
+    if spec.grid.uses_model_dir and folder is not None:
         cmd += ["--model.config_file", str(folder / f"{TINY_CLIP_NAME}.json"),
                 "--model.pretrained", str(folder / f"{TINY_CLIP_NAME}.pt")]
     if inputs.threads and not any(arg.startswith("--run.threads") for arg in inputs.extra):
@@ -111,8 +114,8 @@ def command(spec: RunSpec, inputs: Inputs) -> list[str]:
 
 def committed_round(run_dir: Path) -> int | None:
     """The number of rounds the newest committed checkpoint holds (None: nothing to resume from)."""
-    rounds = [int(p.parent.name.split("_")[1]) for p in run_dir.glob("checkpoints/round_*/COMMITTED.json")]
-    return max(rounds) + 1 if rounds else None
+    rounds = checkpoint.committed_rounds(run_dir)
+    return rounds[-1][0] + 1 if rounds else None
 
 
 def other_settings(specs: list[RunSpec], inputs: "Inputs") -> list[tuple[RunSpec, dict]]:
@@ -123,25 +126,29 @@ def other_settings(specs: list[RunSpec], inputs: "Inputs") -> list[tuple[RunSpec
     for spec in specs:
         if status(spec) != "done":
             continue
-        markers = sorted(spec.run_dir.glob("checkpoints/round_*/COMMITTED.json"))
-        if not markers:
+        committed = checkpoint.latest(spec.run_dir)
+        if committed is None:
             continue
         if parser is None:  # fedur.main imports torch: only when there is a finished run to check
-            from dataclasses import asdict
-
             from fedur.config import result_settings
             from fedur.main import build_parser, parse_config
 
             parser = build_parser()
-        theirs = json.loads(markers[-1].read_text()).get("settings", {})
         cmd = command(spec, inputs)
         cfg, _ = parse_config(cmd[cmd.index("--config"):], parser)
-        ours = json.loads(json.dumps(result_settings(asdict(cfg))))  # as the marker stores them (tuples -> lists)
-        diff = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
-                if k != "fabric.precision" and theirs.get(k) != ours.get(k)}
+        diff = changed_settings(committed.marker.settings, result_settings(cfg.settings))
+        diff.pop("fabric.precision", None)
         if diff:
             clashes.append((spec, diff))
     return clashes
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """A run's summary.json (None: the run has not finished, or the file is unreadable)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def status(spec: RunSpec) -> str:
@@ -184,7 +191,7 @@ class Children:
         with self.lock:
             if self.stopping:
                 return None
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             self.procs.add(proc)
             return proc
 
@@ -275,8 +282,6 @@ def execute(specs: list[RunSpec], inputs: Inputs, jobs: int = 1, echo=print) -> 
 
 
 def result_text(spec: RunSpec) -> str:
-    from fedur.tables.render import read_summary
-
     summary = read_summary(spec.run_dir)
     if not summary:
         return ""

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedur.tables.grids import REPO, RunSpec
+from fedur.tables.grids import RunSpec
 
 SRUN = "srun --kill-on-bad-exit=1"
 # Appended to every run's flags inside a task: the layout and threads follow the allocation.
@@ -74,7 +74,7 @@ def script(grid: str, todo: list[RunSpec], total: int, folder: Path, task_args: 
         *(f"#SBATCH {opt}" for opt in sbatch),
         "",
         "set -euo pipefail",
-        f"cd {shlex.quote(str(REPO))}",
+        f"cd {shlex.quote(str(Path.cwd()))}",  # where fedur-tables was called (every path here is absolute)
         task_command(grid, task_args, extra),
         "",
     ]

@@ -1,14 +1,19 @@
-"""Per-round checkpoints of the whole federated state, committed atomically.
+"""Per-round checkpoints of the whole federated state, committed atomically: the on-disk format, in one place.
 
-    <run_dir>/checkpoints/round_00003/client_000.pt ...   one file per client, written by the rank that hosts it
-                                      global.pt           what every rank shares (rank 0)
-                                      COMMITTED.json      written by rank 0 after a barrier, last
+    <run_dir>/checkpoints/round_00003/client_000.pt ...   one file per client (ClientState.state_dict), written
+                                                          by the rank that hosts it
+                                      global.pt           the server's state (ServerState.state_dict, rank 0)
+                                      COMMITTED.json      the commit marker (Marker), written by rank 0 after a
+                                                          barrier, last
 
 A round directory without COMMITTED.json is an interrupted save and is ignored: resuming uses the
 newest committed round. Files are written to a temporary name and renamed, and load with
 `weights_only=True` (tensors, numbers, strings, lists and dicts only; nothing is unpickled as code).
 Client files do not depend on the placement of clients on ranks, so a run may resume on another
 number of ranks.
+
+Reading markers (`committed_rounds`, `latest`) needs no torch: `fedur-tables` reads them for every run
+of a grid.
 """
 
 from __future__ import annotations
@@ -17,18 +22,18 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import torch
+from fedur.train import faults
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from fedur.train.client import ClientState
-    from fedur.train.faults import Fault
+    from fedur.federated.client import ClientState
     from fedur.train.rank import Rank
+    from fedur.train.server import ServerState
 
 CHECKPOINTS = "checkpoints"
 MARKER = "COMMITTED.json"
@@ -39,11 +44,40 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or unreadable; the message names the file and what to do."""
 
 
+@dataclass(frozen=True)
+class Marker:
+    """COMMITTED.json: what a committed round is and which settings made it."""
+
+    round_idx: int  # the last round the checkpoint contains
+    num_clients: int
+    world_size: int
+    settings: dict[str, Any] = field(default_factory=dict)  # the result-affecting settings, flat (config.result_settings)
+    tensorboard: str = "tensorboard"  # the TensorBoard folder of the run
+
+    def to_json(self) -> str:
+        settings_hash = hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()
+        content = {"format": FORMAT, "round": self.round_idx, "num_clients": self.num_clients,
+                   "world_size": self.world_size, "settings": self.settings, "tensorboard": self.tensorboard,
+                   "settings_sha256": settings_hash}
+        return json.dumps(content, indent=1) + "\n"
+
+    @classmethod
+    def read(cls, path: Path, round_idx: int) -> "Marker":
+        try:
+            content = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{path} is unreadable ({err}); delete {Path(path).parent} to resume from the round before") from err
+        if not isinstance(content, dict) or content.get("format") != FORMAT or content.get("round") != round_idx:
+            raise CheckpointError(f"{path} is not a fedur checkpoint marker of round {round_idx}")
+        return cls(round_idx, content["num_clients"], content.get("world_size", 0), content.get("settings", {}),
+                   content.get("tensorboard", "tensorboard"))
+
+
 @dataclass
 class Committed:
     round_idx: int  # the last round the checkpoint contains
     folder: Path
-    marker: dict  # COMMITTED.json: round, num_clients, settings (the result-affecting ones), tensorboard
+    marker: Marker
 
 
 def round_folder(run_dir: Path, round_idx: int) -> Path:
@@ -55,6 +89,8 @@ def client_file(folder: Path, client_id: int) -> Path:
 
 
 def atomic_save(obj, path: Path) -> None:
+    import torch
+
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
@@ -73,14 +109,6 @@ def clear_uncommitted(run_dir: Path, round_idx: int) -> None:
         shutil.rmtree(folder)
 
 
-def commit(folder: Path, round_idx: int, marker: dict, global_state: dict) -> None:
-    """Rank 0, after every rank has written its clients: the shared state, then the marker."""
-    atomic_save(global_state, folder / "global.pt")
-    settings_hash = hashlib.sha256(json.dumps(marker.get("settings"), sort_keys=True).encode()).hexdigest()
-    content = {"format": FORMAT, "round": round_idx, **marker, "settings_sha256": settings_hash}
-    atomic_write_text(json.dumps(content, indent=1) + "\n", folder / MARKER)
-
-
 def prune(run_dir: Path, keep: int) -> None:
     """Keep the newest `keep` committed rounds; drop older rounds, committed or not."""
     committed = committed_rounds(run_dir)
@@ -93,6 +121,7 @@ def prune(run_dir: Path, keep: int) -> None:
 
 
 def committed_rounds(run_dir: Path) -> list[tuple[int, Path]]:
+    """(round index, folder) of every committed round of a run directory, oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -101,22 +130,18 @@ def committed_rounds(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def latest(run_dir: Path) -> Committed | None:
-    """The newest committed round of a run directory, its marker checked."""
+    """The newest committed round of a run directory, its marker read and checked (no torch needed)."""
     rounds = committed_rounds(run_dir)
     if not rounds:
         return None
     round_idx, folder = rounds[-1]
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{folder / MARKER} is unreadable ({err}); delete {folder} to resume from the round before") from err
-    if marker.get("format") != FORMAT or marker.get("round") != round_idx:
-        raise CheckpointError(f"{folder / MARKER} is not a fedur checkpoint marker of round {round_idx}")
-    return Committed(round_idx, folder, marker)
+    return Committed(round_idx, folder, Marker.read(folder / MARKER, round_idx))
 
 
 def load(path: Path) -> dict:
     """A checkpoint file, or a CheckpointError naming it."""
+    import torch
+
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} is missing from a committed round; delete {path.parent} to resume from the round before")
     try:
@@ -135,10 +160,9 @@ def verify(committed: Committed, num_clients: int) -> None:
         load(client_file(committed.folder, client_id))
 
 
-def save_round(rank: "Rank", run_dir: Path, round_idx: int, global_state: dict, marker: dict, keep: int,
-               fault: "Fault | None" = None) -> None:
-    """Each rank writes its own clients; after a barrier rank 0 writes the shared state, commits, prunes."""
-    fabric, collectives = rank.fabric, rank.collectives
+def save_round(rank: "Rank", run_dir: Path, server: "ServerState", marker: Marker, keep: int) -> None:
+    """Each rank writes its own clients; after a barrier rank 0 writes the server's state, commits, prunes."""
+    fabric, collectives, round_idx = rank.fabric, rank.collectives, marker.round_idx
     if fabric.is_global_zero:
         clear_uncommitted(run_dir, round_idx)
     collectives.barrier("checkpoint: prepare")
@@ -146,30 +170,37 @@ def save_round(rank: "Rank", run_dir: Path, round_idx: int, global_state: dict, 
     folder.mkdir(parents=True, exist_ok=True)
     for client in rank.clients:
         atomic_save(client.state_dict(), client_file(folder, client.client_id))
-    if fault is not None:
-        fault.trigger("commit", round_idx, fabric.global_rank)
+    faults.point("commit", round_idx, fabric.global_rank)
     collectives.barrier("checkpoint: clients written")
     if fabric.is_global_zero:
-        commit(folder, round_idx, {**marker, "tensorboard": "tensorboard"}, global_state)
+        atomic_save(server.state_dict(), folder / "global.pt")
+        atomic_write_text(marker.to_json(), folder / MARKER)  # the commit: written last
         prune(run_dir, keep)
 
 
+def restore(committed: Committed, clients: "list[ClientState]") -> dict:
+    """Load this rank's clients from the committed round; returns the server's state (global.pt)."""
+    from fedur.federated.client import ClientStateError
+
+    for client in clients:
+        try:
+            client.load_state_dict(load(client_file(committed.folder, client.client_id)))
+        except ClientStateError as err:
+            raise CheckpointError(str(err)) from err
+    return load(committed.folder / "global.pt")
+
+
 def save_prompts(folder: Path, shared: "dict[str, Tensor]", clients: "list[ClientState]", write_shared: bool) -> None:
-    """The final prompts: global.pt, the shared prompts (rank 0), and client_XXX.pt, the prompts each client
+    """The final prompts: global.pt, the shared pieces (rank 0), and client_XXX.pt, the prompts each client
     classifies with, by name (written by the rank that hosts it)."""
+    import torch
+
     folder.mkdir(exist_ok=True)
     if write_shared and shared:
         torch.save({name: t.cpu() for name, t in shared.items()}, folder / "global.pt")
     for client in clients:
         state = {"client_id": client.client_id, **{name: t.cpu() for name, t in client.prompts.items()}}
         torch.save(state, folder / f"client_{client.client_id:03d}.pt")
-
-
-def restore(committed: Committed, clients: "list[ClientState]") -> dict:
-    """Load this rank's clients from the committed round; returns the shared state (global.pt)."""
-    for client in clients:
-        client.load_state_dict(load(client_file(committed.folder, client.client_id)))
-    return load(committed.folder / "global.pt")
 
 
 def _round_of(folder: Path) -> int | None:

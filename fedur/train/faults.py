@@ -1,10 +1,12 @@
-"""Test-only fault injection (`run.fault`): crash or hang one rank at a named point of a round, so the
-tests can show what a real failure there leaves behind.
+"""Test-only fault injection: crash or hang one rank at a named point of a round, so the tests can show what
+a real failure there leaves behind. Set in the environment, never in the settings:
 
-    run.fault = "<action>:<point>:<round>:<rank>"
+    FEDUR_FAULT="<action>:<point>:<round>:<rank>"
       action  kill (SIGKILL, no cleanup) | raise (an exception) | hang (sleep; peers must time out)
-      point   train  (after the rank's first client of the round has trained)
+      point   train  (after the rank's first unit of clients of the round has trained)
               commit (after the rank wrote its client checkpoint files, before the commit marker)
+
+The round loop and the checkpoint call `point(...)` where these are; without FEDUR_FAULT it does nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import time
 from dataclasses import dataclass
 
+ENV = "FEDUR_FAULT"
 ACTIONS = ("kill", "raise", "hang")
 POINTS = ("train", "commit")
 
@@ -34,7 +37,7 @@ class Fault:
         parts = spec.split(":")
         if len(parts) != 4 or parts[0] not in ACTIONS or parts[1] not in POINTS or not all(p.isdigit() for p in parts[2:]):
             raise ValueError(
-                f"run.fault={spec!r}: expected <action>:<point>:<round>:<rank> with action in {ACTIONS} "
+                f"{ENV}={spec!r}: expected <action>:<point>:<round>:<rank> with action in {ACTIONS} "
                 f"and point in {POINTS}, e.g. kill:train:1:1"
             )
         return cls(parts[0], parts[1], int(parts[2]), int(parts[3]))
@@ -51,5 +54,14 @@ class Fault:
             time.sleep(60)
 
 
-def parse_fault(spec: str | None) -> Fault | None:
-    return None if spec is None else Fault.parse(spec)
+def injected() -> Fault | None:
+    """The fault FEDUR_FAULT asks for (None: none); a ValueError for a malformed one."""
+    spec = os.environ.get(ENV)
+    return Fault.parse(spec) if spec else None
+
+
+def point(name: str, round_idx: int, rank: int) -> None:
+    """A place where a fault may be injected: `name` of round `round_idx` on global rank `rank`."""
+    fault = injected()
+    if fault is not None:
+        fault.trigger(name, round_idx, rank)

@@ -1,35 +1,35 @@
-"""The federated round loop of FedUR, with every client a piece of state on some Fabric rank."""
+"""The federated round loop, with every client a piece of state on some Fabric rank and the method asked
+a few named questions (fedur/methods/base.py)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from lightning import Fabric
 from torch import Tensor
 
 from fedur.config import Config, result_settings
-from fedur.federated.aggregation import weighted_average
+from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.divergence import drift_diversity, mean_pairwise_cosine_distance
 from fedur.federated.placement import placement_table
-from fedur.federated.streams import participants
-from fedur.train import checkpoint
-from fedur.train.client import ClientState, momentum_only, train_client, train_group
+from fedur.train import checkpoint, faults
 from fedur.train.evaluate import evaluate_clients
-from fedur.train.faults import Fault, parse_fault
+from fedur.train.local import train_unit
 from fedur.train.module import PromptTuner
 from fedur.train.preemption import StopRequest
 from fedur.train.progress import Progress
 from fedur.train.rank import Rank
 from fedur.train.recorder import Recorder
-from fedur.train.refresh import Refresh, refresh_pseudo_labels
+from fedur.train.refresh import refresh_pseudo_labels
 from fedur.train.round_metrics import RoundOutcome, domain_summary, round_record
 from fedur.train.run_dir import RunDir
+from fedur.train.server import ServerState, exchange
 from fedur.train.setup import describe, setup
 
-INT64_BYTES, FLOAT32_BYTES = 8, 4
+INT64_BYTES = 8
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # agreed as max over ranks: SIGUSR1 (requeue) wins
 
@@ -38,7 +38,7 @@ STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # agreed as max over ranks: SIGUSR1 (requ
 class FitResult:
     summary: dict | None  # None when the run stopped early on a signal (it resumes from its checkpoint)
     rank: Rank  # what this process held, with its clients' final prompts
-    global_prompts: dict[str, Tensor]  # the last aggregate of each shared prompt ("visual", "text_ctx", ...)
+    global_prompts: dict[str, Tensor]  # the last aggregate of each shared piece ("visual", "text_ctx", ...)
     stopped_by: str | None = None  # the signal that stopped the run early
 
     @property
@@ -76,73 +76,66 @@ def fit(
     recorder.record_partition(*partition_counts, rank.dataset.classnames)
 
     method, labeller = rank.method, rank.tuner.labeller
-    shared = rank.model.prompts(method.shared)  # the server's aggregate of each shared prompt
-    upload_bytes = sum(t.numel() for t in shared.values()) * FLOAT32_BYTES
-    histogram_bytes = (2 if labeller.cooperative else 1) * rank.model.num_classes * INT64_BYTES
+    server = ServerState(method.init_shared(rank.model))
+    histogram_bytes = (2 if labeller is not None and labeller.cooperative else 1) * rank.model.num_classes * INT64_BYTES
+    train_sizes = rank.gather({c.client_id: torch.tensor(len(c.train_indices)) for c in rank.clients},
+                              like=torch.tensor(0), what="train sizes")
     if resumed is None:
         recorder.record_zero_shot(evaluate_clients(rank, zero_shot=True)[0])
-        refresh, carried = None, None  # carried: optim.optimizer_state=shared passes momentum client to client
     else:
-        shared.update(resumed["shared"])
-        refresh, carried = Refresh(**resumed["refresh"]), momentum_only(resumed["carried_optimizer"])
-        rank.tuner.use_class_weights(refresh.class_weights)
+        server.load_state_dict(resumed)
+        rank.tuner.use_class_weights(None if server.refresh is None else server.refresh.class_weights)
         recorder.note(f"resumed from {resume.folder} (round {start_round + 1} of {fed.rounds} is next)")
 
-    fault, confusion = parse_fault(cfg.run.fault), None
-    start_time, wall_before = time.perf_counter(), 0.0 if resumed is None else resumed["wall_seconds"]
-    rounds = range(start_round, fed.rounds) if method.trains else range(0)  # zero-shot CLIP: nothing to train
-    for round_idx in progress.iterate(rounds, "rounds", total=fed.rounds, initial=start_round):
+    confusion, start_time, wall_before = None, time.perf_counter(), server.wall_seconds
+    rounds = method.rounds(fed.rounds)
+    for round_idx in progress.iterate(range(start_round, rounds), "rounds", total=rounds, initial=start_round):
         clock = PhaseClock()
-        refreshed = round_idx % fed.refresh_every == 0
+        refreshed = labeller is not None and round_idx % fed.refresh_every == 0
         if refreshed:
-            refresh = refresh_pseudo_labels(rank, round_idx == 0, round_idx // fed.refresh_every, labeller, len(rank.dataset.train))
-            rank.tuner.use_class_weights(refresh.class_weights)
+            server.refresh = refresh_pseudo_labels(rank, round_idx == 0, round_idx // fed.refresh_every, labeller, len(rank.dataset.train))
+            rank.tuner.use_class_weights(server.refresh.class_weights)
         clock.lap("refresh")
 
-        joined = torch.from_numpy(participants(fed.num_clients, fed.join_rate, cfg.run.seed, round_idx))
-        weights = refresh.selected.sum(dim=1) * joined  # |D~_k| of the clients that train; 0 otherwise
+        joined = method.participants(round_idx, fed.num_clients, fed.join_rate, cfg.run.seed)
+        selected = None if server.refresh is None else server.refresh.selected.sum(dim=1)
+        weights = method.client_weights(selected, train_sizes) * joined  # 0 for the clients that sit out
         started = {c.client_id: c.prompts for c in rank.clients}  # before local training, for the divergence
-        local_losses, carried = train_clients(rank, round_idx, weights, carried, cfg.optim.optimizer_state, fault)
+        local_losses = train_clients(rank, round_idx, weights, server, cfg.optim.optimizer_state) if method.trains else {}
         clock.lap("train")
         divergence = prompt_divergence(rank, started, weights)
-        shared.update(aggregate(rank, shared, weights))
+        exchange(rank, server, weights)
         clock.lap("aggregate")
-        accuracy, confusion = evaluate_clients(rank, with_confusion=round_idx == fed.rounds - 1)
+        accuracy, confusion = evaluate_clients(rank, with_confusion=round_idx == rounds - 1)
         losses = rank.gather(local_losses, like=torch.zeros(4, dtype=torch.float64), what="local losses")
         clock.lap("evaluate")
 
-        uploads = (weights > 0) * upload_bytes + (histogram_bytes if refreshed else 0)
-        outcome = RoundOutcome(round_idx, refreshed, joined, weights, accuracy, losses, uploads, clock.total(), clock.laps)
-        recorder.record_round(round_record(outcome, fed.rounds, refresh, divergence))
-        global_state = {
-            "shared": {name: t.cpu() for name, t in shared.items()}, "refresh": vars(refresh), "carried_optimizer": carried,
-            "wall_seconds": wall_before + time.perf_counter() - start_time,  # over every session of the run
-        }
-        marker = {"num_clients": fed.num_clients, "world_size": fabric.world_size, "settings": result_settings(asdict(cfg))}
-        checkpoint.save_round(rank, run_dir.root, round_idx, global_state, marker, cfg.run.keep_checkpoints, fault)
+        uploads = (weights > 0) * server.upload_bytes() + (histogram_bytes if refreshed else 0)
+        outcome = RoundOutcome(round_idx, refreshed, joined, weights, accuracy, losses, uploads, clock.total(), clock.laps,
+                               method.trains)
+        recorder.record_round(round_record(outcome, rounds, server.refresh, divergence))
+        server.wall_seconds = wall_before + time.perf_counter() - start_time
+        marker = checkpoint.Marker(round_idx, fed.num_clients, fabric.world_size, result_settings(cfg.settings))
+        checkpoint.save_round(rank, run_dir.root, server, marker, cfg.run.keep_checkpoints)
         signal_code = STOP_SIGNALS.index(stop.received) + 1 if stop is not None and stop.received else 0
         signal_code = collectives.max_over_ranks(signal_code, what="stop request")  # did any rank get a signal?
-        if signal_code and round_idx + 1 < fed.rounds:
+        if signal_code and round_idx + 1 < rounds:
             collectives.close()
-            return stop_early(rank, stop, shared, round_idx, fed.rounds, STOP_SIGNALS[signal_code - 1])
+            return stop_early(rank, stop, server.shared, round_idx, rounds, STOP_SIGNALS[signal_code - 1])
 
     if confusion is not None:  # None: a resumed run that had already finished its rounds
         recorder.record_confusion(confusion, rank.dataset.classnames)
     collectives.close()
-    checkpoint.save_prompts(run_dir.path("prompts"), shared, rank.clients, write_shared=fabric.is_global_zero)
+    checkpoint.save_prompts(run_dir.path("prompts"), server.shared, rank.clients, write_shared=fabric.is_global_zero)
     wall_seconds = wall_before + time.perf_counter() - start_time
     domains = domain_summary(recorder.rounds, rank.dataset, fed.partition, fed.num_clients, fed.clients_per_domain)
-    untrained = {} if method.trains else {  # zero-shot CLIP: its accuracy is the run's result
-        "final_mean_accuracy": recorder.zero_shot.get("zero_shot_client_mean"),
-        "final_client_accuracy": recorder.zero_shot.get("zero_shot_client_accuracy"),
-    }
     summary = recorder.finish(
-        asdict(cfg),
+        cfg.settings,
         {"num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,
-         "method": method.name, "labeller": labeller.name if method.trains else None,
-         "skipped_images": skipped, **domains, **untrained},
+         "dataset": rank.dataset.name, "method": method.key, "labeller": None if labeller is None else labeller.key,
+         "skipped_images": skipped, **domains},
     )
-    return FitResult(summary, rank, shared)
+    return FitResult(summary, rank, server.shared)
 
 
 def gather_placement(rank: Rank) -> dict:
@@ -164,46 +157,24 @@ def stop_early(rank: Rank, stop: StopRequest, shared: dict[str, Tensor], round_i
     return FitResult(None, rank, shared, stopped_by=received)
 
 
-def train_clients(
-    rank: Rank, round_idx: int, weights: Tensor, carried: dict | None, mode: str, fault: Fault | None = None
-) -> tuple[dict[int, Tensor], dict | None]:
-    """Local training of this rank's clients that take part (weight > 0): one after the other, or with
-    run.clients_per_step = G, the members of each group of G consecutive client ids together.
+def train_clients(rank: Rank, round_idx: int, weights: Tensor, server: ServerState, mode: str) -> dict[int, Tensor]:
+    """Local training of this rank's clients that take part (weight > 0), unit by unit (fedur/train/local.py).
 
-    Returns each trained client's (mean loss, loss_pos, loss_neg, first learning rate) and, for
-    optim.optimizer_state=shared (`mode`), the momentum to hand to the next client.
+    Returns each trained client's (mean loss, loss_pos, loss_neg, first learning rate). SGD momentum starts
+    fresh (optim.optimizer_state `mode` reset), from the client's own, or from the one the previous client
+    handed on (shared; kept in `server.carried_optimizer`).
     """
     losses = {}
     joined = [c for c in rank.clients if weights[c.client_id] > 0]
-    group = rank.work.clients_per_step
-    units = [[c for c in joined if c.client_id // group == g] for g in sorted({c.client_id // group for c in joined})]
-    for unit in rank.progress.iterate(units, f"round {round_idx + 1} clients"):
-        starts = [{"reset": None, "client": c.optimizer_state, "shared": carried}[mode] for c in unit]
-        if len(unit) == 1:
-            results = [train_client(rank, unit[0], round_idx, starts[0])]
-        else:
-            results = train_group(rank, unit, round_idx, starts)
-        for client, result in zip(unit, results):
+    for unit in rank.progress.iterate(rank.units(joined), f"round {round_idx + 1} clients"):
+        starts = [{"reset": None, "client": c.optimizer_state, "shared": server.carried_optimizer}[mode] for c in unit]
+        for client, result in zip(unit, train_unit(rank, unit, round_idx, starts)):
             client.optimizer_state = result.optimizer_state if mode == "client" else None
-            carried = result.optimizer_state if mode == "shared" else None
+            server.carried_optimizer = result.optimizer_state if mode == "shared" else None
             losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg, result.lr], dtype=torch.float64)
-        if fault is not None and len(losses) == len(unit):
-            fault.trigger("train", round_idx, rank.fabric.global_rank)
-    return losses, carried
-
-
-def aggregate(rank: Rank, shared: dict[str, Tensor], weights: Tensor) -> dict[str, Tensor]:
-    """Average each shared prompt over the clients that trained (weights |D~_k|, in client-id order) and
-    hand the average to every client, also those that sat the round out. Every rank calls this."""
-    averaged = {}
-    for name, current in shared.items():
-        uploads = {c.client_id: c.prompts[name] for c in rank.clients if weights[c.client_id] > 0}
-        stacked = rank.gather(uploads, like=current, what=f"{name} prompts")  # (K, *shape)
-        average = weighted_average(stacked, weights)
-        averaged[name] = current if average is None else average
-        for client in rank.clients:
-            client.prompts = {**client.prompts, name: averaged[name]}
-    return averaged
+        if len(losses) == len(unit):  # after the rank's first unit
+            faults.point("train", round_idx, rank.fabric.global_rank)
+    return losses
 
 
 def prompt_divergence(rank: Rank, started: dict[int, dict[str, Tensor]], weights: Tensor) -> dict[str, dict]:

@@ -1,12 +1,16 @@
-"""The LightningModule of local prompt tuning: the training step, and the optimizer with its schedule.
+"""The LightningModule of local prompt tuning: the training step of a group of clients (a client alone is a
+group of one), and the optimizer with its schedule.
 
-Fabric drives it (fedur/train/client.py); it is never wrapped in DistributedDataParallel, because
-local training must not synchronize anything across ranks.
+Fabric drives it (fedur/train/local.py); it is never wrapped in DistributedDataParallel, because local
+training must not synchronize anything across ranks. The frozen backbone lives in `model`; the prompts
+being trained are the clients' own tensors, handed to every step, so nothing of one client is ever left
+in the model for the next.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
 
 import lightning as L
@@ -14,10 +18,10 @@ import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from fedur.labels.base import Labeller
+from fedur.federated.client import ClientState
+from fedur.labels import Labeller
 from fedur.methods.base import Method
 from fedur.model.classifier import PromptedCLIP
-from fedur.train.client import ClientState
 
 
 def cosine_factor(epoch: int, first_epoch: int, total_epochs: int) -> float:
@@ -26,84 +30,62 @@ def cosine_factor(epoch: int, first_epoch: int, total_epochs: int) -> float:
 
 
 class PromptTuner(L.LightningModule):
-    """Trains a client's prompts of `model` (its frozen CLIP stays as it is) with the labeller's loss plus
-    the method's penalty, on logits the method forms."""
+    """Trains clients' prompts on `model` (its frozen CLIP stays as it is) with the labeller's loss plus the
+    method's penalty, on logits the method forms."""
 
-    def __init__(
-        self,
-        model: PromptedCLIP,
-        method: Method,
-        labeller: Labeller,
-        lr: float = 0.1,
-        momentum: float = 0.9,
-        weight_decay: float = 0.05,
-        local_epochs: int = 10,
-        refresh_every: int = 5,
-    ) -> None:
+    def __init__(self, model: PromptedCLIP, method: Method, labeller: Labeller | None, optim: "Optimization") -> None:
         super().__init__()
-        self.model, self.method, self.labeller = model, method, labeller
-        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
-        self.local_epochs, self.refresh_every = local_epochs, refresh_every
+        self.model, self.method, self.labeller, self.optim = model, method, labeller, optim
         self.register_buffer("class_weights", None, persistent=False)  # (C,) global, from each refresh
-        self.client: ClientState | None = None  # the client being trained
-        self.start: dict[str, Tensor] = {}  # the prompts it started the round with
 
     @property
     def num_classes(self) -> int:
         return self.model.num_classes
 
-    def begin(self, client: ClientState) -> None:
-        """Train `client` next: its prompts go into the model's slots."""
-        self.model.load_prompts(client.prompts)
-        self.client, self.start = client, client.prompts
-
-    def prompts(self) -> dict[str, Tensor]:
-        """Detached copies of the trained prompts of the method."""
-        return self.model.prompts(self.method.prompts)
+    def trained_names(self) -> list[str]:
+        """The prompts a client trains, by name, in the optimizer's order."""
+        return [name for name in self.model.trainable_slots() if name in self.method.prompts]
 
     def use_class_weights(self, weights: Tensor | None) -> None:
         """The global class weights of the cross-entropy until the next pseudo-label refresh (None: unweighted)."""
         self.class_weights = None if weights is None else weights.to(self.device)
 
-    def forward(self, images: Tensor) -> Tensor:
-        return self.method.logits(self.model, images, self.method.text_side(self.model), self.client)
-
-    def group_step(self, batches: list[tuple[Tensor, ...]], prompts: list[dict[str, Tensor]],
-                   starts: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
-        """One step of several clients at once: batch k with prompts[k] (started from starts[k]). Returns each
-        client's {"loss", "loss_pos", "loss_neg"}; the sum of the losses is what to backpropagate (client k's
-        prompts only reach its own loss, so each gets its own gradient)."""
-        sizes = [len(b[0]) for b in batches]
-        images = torch.cat([b[0] for b in batches])
-        owners = torch.repeat_interleave(torch.arange(len(batches), device=images.device),
-                                         torch.tensor(sizes, device=images.device))
-        logits = self.method.group_logits(self.model, images, owners, prompts)
+    def training_step(self, batches: list[tuple[Tensor, ...]], prompts: list[dict[str, Tensor]],
+                      clients: list[ClientState]) -> list[dict[str, Tensor]]:
+        """One step of a group: client k's batch (images (B_k, 3, H, W), pseudo-labels (B_k,), the labeller's
+        class mask (B_k, C) bool) with the prompts `prompts[k]` it is training. Returns each client's
+        {"loss", "loss_pos", "loss_neg"}; the sum of the losses is what to backpropagate (a client's prompts
+        only reach its own loss, so each gets its own gradient)."""
+        texts = [self.method.text_side(self.model, p) for p in prompts]
+        logits = self.method.group_logits(self.model, [b[0] for b in batches], prompts, texts, clients)
         outs = []
-        for k, (part, (_, labels, mask)) in enumerate(zip(logits.split(sizes), batches)):
+        for part, (_, labels, mask), p, client in zip(logits, batches, prompts, clients):
             loss, loss_pos, loss_neg = self.labeller.loss(part, labels, mask, self.class_weights)
-            penalty = self.method.penalty(self.model, starts[k], prompts[k])
+            penalty = self.method.penalty(p, client.prompts)  # client.prompts: those it began the round with
             outs.append({"loss": loss if penalty is None else loss + penalty, "loss_pos": loss_pos, "loss_neg": loss_neg})
         return outs
 
-    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int = 0) -> dict[str, Tensor]:
-        """batch = (images (B, 3, H, W), pseudo-labels (B,), the labeller's class mask (B, C) bool)."""
-        images, labels, mask = batch
-        loss, loss_pos, loss_neg = self.labeller.loss(self(images), labels, mask, self.class_weights)
-        penalty = self.method.penalty(self.model, self.start)
-        if penalty is not None:
-            loss = loss + penalty
-        return {"loss": loss, "loss_pos": loss_pos, "loss_neg": loss_neg}
-
     def configure_optimizers(self, round_idx: int = 0, params: list[Tensor] | None = None) -> dict:
-        """SGD over the prompts only (the reference's two SGDs with equal settings act as this one) and its
-        cosine schedule, stepped once per local epoch: lr = lr0 * (1 + cos(pi * e / E)) / 2, where e counts
-        the local epochs since the last pseudo-label refresh and E = refresh_every * local_epochs. The
-        scheduler starts at the first local epoch of round `round_idx`, so it restarts at every refresh.
-        `params`: other tensors than the model's trainable prompts (a client of a group, `train_group`)."""
-        optimizer = torch.optim.SGD(
-            self.model.trainable_parameters() if params is None else params, lr=self.lr, momentum=self.momentum,
-            weight_decay=self.weight_decay,
-        )
-        first_epoch = (round_idx % self.refresh_every) * self.local_epochs
-        schedule = partial(cosine_factor, first_epoch=first_epoch, total_epochs=self.refresh_every * self.local_epochs)
+        """SGD over one client's prompts `params` (default: the model's own slots) and its cosine schedule,
+        stepped once per local epoch: lr = lr0 * (1 + cos(pi * e / E)) / 2, where e counts the local epochs
+        since the last pseudo-label refresh and E = refresh_every * local_epochs. The scheduler starts at the
+        first local epoch of round `round_idx`, so it restarts at every refresh. (The reference's two SGDs with
+        equal settings act as this one.)"""
+        o = self.optim
+        if params is None:
+            params = [self.model.trainable_slots()[name] for name in self.trained_names()]
+        optimizer = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        first_epoch = (round_idx % o.refresh_every) * o.local_epochs
+        schedule = partial(cosine_factor, first_epoch=first_epoch, total_epochs=o.refresh_every * o.local_epochs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": LambdaLR(optimizer, schedule), "interval": "epoch"}}
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """The local optimisation's plain values (from `optim:` and `federation:`)."""
+
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.05
+    local_epochs: int = 10
+    refresh_every: int = 5  # the cosine schedule spans refresh_every * local_epochs epochs

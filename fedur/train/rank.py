@@ -1,26 +1,27 @@
 """What one process holds: the clients placed on it, and what it needs to run them.
 
-A rank holds one frozen backbone with its prompt slots (in the tuner), the data, and the state of each
-client it hosts (none on a spare rank, when there are more ranks than clients). Clients take turns on
-the backbone: their prompts are loaded before each pass and read back after training.
+A rank holds one frozen backbone (in the tuner), the data, and the state of each client it hosts (none on
+a spare rank, when there are more ranks than clients). Clients are run in units: one client, or a group of
+run.clients_per_step consecutive client ids, whose images go through the method's grouped forward
+together, in training (fedur/train/local.py) as in pseudo-labelling and evaluation (`predict`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
+import numpy as np
 import torch
 from lightning import Fabric
 from torch import Tensor
 
-from fedur.data.datasets import ImageDataset
+from fedur.data.images import ImageDataset
 from fedur.data.loaders import ClientImages, make_loader
+from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.methods.base import Method
 from fedur.model.classifier import PromptedCLIP
-from fedur.train.client import ClientState
-from fedur.train.evaluate import predict
 from fedur.train.module import PromptTuner
 from fedur.train.progress import QUIET, Progress
 
@@ -34,18 +35,17 @@ class LocalWork:
     num_workers: int  # DataLoader workers
     seed: int  # run.seed: every client's data order derives from it
     log_every_n_steps: int = 0  # print the training loss every n optimizer steps (0: never)
-    clients_per_step: int = 1  # clients of a group trained in one batch (fixed groups of consecutive ids)
+    clients_per_step: int = 1  # clients of a group run in one batch (fixed groups of consecutive ids)
 
 
 @dataclass
 class Rank:
     fabric: Fabric
     collectives: Collectives
-    tuner: PromptTuner  # the frozen backbone with the prompt slots, and the local optimisation
+    tuner: PromptTuner  # the frozen backbone, the method and the labeller, and the local optimisation
     clients: list[ClientState]  # the clients this rank hosts, in client-id order
     dataset: ImageDataset  # train / test splits (rows of the image cache)
     transform: Callable  # per-sample: cached uint8 pixels, or CLIP's preprocess
-    zero_shot_text: Tensor  # (C, D) zero-shot CLIP text features of the template, on the device
     num_clients: int  # K, over all ranks
     work: LocalWork
     progress: Progress = QUIET  # rank 0's progress display; the others stay quiet
@@ -58,6 +58,16 @@ class Rank:
     def method(self) -> Method:
         return self.tuner.method
 
+    def units(self, clients: list[ClientState] | None = None) -> list[list[ClientState]]:
+        """`clients` (default: every hosted one) in their units: groups of run.clients_per_step consecutive
+        client ids (placed whole on one rank), each in client-id order."""
+        clients = self.clients if clients is None else clients
+        size = self.work.clients_per_step
+        groups: dict[int, list[ClientState]] = {}
+        for client in clients:
+            groups.setdefault(client.client_id // size, []).append(client)
+        return [groups[g] for g in sorted(groups)]
+
     def gather(self, values: dict[int, Tensor], like: Tensor, what: str) -> Tensor:
         """(K, *like.shape): row k is client k's value, from whichever rank hosts it. Every rank calls this."""
         return self.collectives.gather_clients(values, self.num_clients, like=like, what=what)
@@ -67,34 +77,59 @@ class Rank:
         self, split: Literal["train", "test"], zero_shot: bool = False, desc: str | None = None
     ) -> dict[int, tuple[Tensor, Tensor]]:
         """Each hosted client's (logits (n_k, C) float32 on CPU, true labels (n_k,)) over its own images of
-        `split`: with its model (the method's logits with the client's prompts), or as zero-shot CLIP.
-        With `desc`, rank 0 shows the progress over clients and batches."""
+        `split`: with its model (the method's logits with the client's prompts), or as zero-shot CLIP. A unit
+        of several clients goes through the loader and the grouped forward together. With `desc`, rank 0
+        shows the progress over units and batches."""
         out = {}
-        clients = self.clients if desc is None else self.progress.iterate(self.clients, desc)
-        for client in clients:
-            indices = client.train_indices if split == "train" else client.test_indices
-            loader = self._loader(split, indices)
-            if desc is not None:
-                loader = self.progress.iterate(loader, f"client {client.client_id} batches")
-            with self.fabric.autocast():
-                if zero_shot:
-                    classify = self.model.zero_shot_classifier(self.zero_shot_text)
-                else:
-                    self.model.load_prompts(client.prompts)
-                    classify = self.method.classifier(self.model, client)
-                out[client.client_id] = predict(self.fabric, classify, loader, self.model.num_classes)
+        units = self.units() if desc is None else self.progress.iterate(self.units(), desc)
+        for unit in units:
+            out.update(self._predict_unit(unit, split, zero_shot, desc is not None))
         return out
 
+    def _predict_unit(self, unit: list[ClientState], split: str, zero_shot: bool, show: bool) -> dict[int, tuple[Tensor, Tensor]]:
+        indices = [c.train_indices if split == "train" else c.test_indices for c in unit]
+        owners = torch.repeat_interleave(torch.arange(len(unit)), torch.tensor([len(i) for i in indices]))
+        loader = self._loader(split, np.concatenate(indices), owners)
+        if show:
+            who = f"client {unit[0].client_id}" if len(unit) == 1 else f"clients {unit[0].client_id}-{unit[-1].client_id}"
+            loader = self.progress.iterate(loader, f"{who} batches")
+        model, method = self.model, self.method
+        prompts = [{n: t.to(self.fabric.device) for n, t in c.prompts.items()} for c in unit]
+        logits: list[list[Tensor]] = [[] for _ in unit]
+        labels: list[list[Tensor]] = [[] for _ in unit]
+        with self.fabric.autocast():
+            texts = [None] * len(unit) if zero_shot else [method.text_side(model, p) for p in prompts]
+            for images, batch_labels, batch_owners in loader:
+                images = self.fabric.to_device(images)
+                present, counts = torch.unique_consecutive(batch_owners, return_counts=True)
+                if zero_shot:  # the same frozen classifier for every client
+                    parts = model.logits(model.image_features(images, prompted=False), model.zero_shot_text).split(counts.tolist())
+                else:
+                    k = present.tolist()
+                    parts = method.group_logits(model, list(images.split(counts.tolist())), [prompts[i] for i in k],
+                                                [texts[i] for i in k], [unit[i] for i in k])
+                for i, part, part_labels in zip(present.tolist(), parts, batch_labels.split(counts.tolist())):
+                    logits[i].append(part.float().cpu())  # device-to-host copy per batch
+                    labels[i].append(part_labels)
+        num_classes = model.num_classes
+        return {
+            c.client_id: (torch.cat(logits[i]) if logits[i] else torch.zeros(0, num_classes),
+                          torch.cat(labels[i]) if labels[i] else torch.zeros(0, dtype=torch.long))
+            for i, c in enumerate(unit)
+        }
+
     @torch.no_grad()
-    def image_features(self, split: Literal["train", "test"], indices) -> Tensor:
-        """(n, D) frozen CLIP image features (no prompts) of `split` images `indices`, float32 on CPU."""
+    def train_features(self, client: ClientState, positions: np.ndarray | None = None) -> Tensor:
+        """(n, D) frozen CLIP image features (no prompts) of the client's train images at `positions` (None:
+        all), float32 on CPU (methods.base.ClientData)."""
+        indices = client.train_indices if positions is None else client.train_indices[positions]
         features = []
         with self.fabric.autocast():
-            for images, _ in self._loader(split, indices):
+            for images, _, _ in self._loader("train", indices, torch.zeros(len(indices), dtype=torch.long)):
                 features.append(self.model.image_features(self.fabric.to_device(images), prompted=False).float().cpu())
-        return torch.cat(features) if features else torch.zeros(0, self.zero_shot_text.shape[-1])
+        return torch.cat(features) if features else torch.zeros(0, self.model.zero_shot_text.shape[-1])
 
-    def _loader(self, split: Literal["train", "test"], indices):
+    def _loader(self, split: str, indices: np.ndarray, owners: Tensor) -> Any:
         data = getattr(self.dataset, split)
-        images = ClientImages(data, indices, self.transform, (torch.from_numpy(data.labels[indices]),))
+        images = ClientImages(data, indices, self.transform, (torch.from_numpy(data.labels[indices]), owners))
         return make_loader(images, self.work.eval_batch_size, self.work.num_workers)

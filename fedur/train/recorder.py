@@ -40,10 +40,10 @@ def summary_table(rounds: list[dict], zero_shot: list[float | None] | None) -> s
     for k in range(num_clients):
         curve = [r["client_accuracy"][k] for r in rounds]
         value, at = best(curve)
-        lines.append([f"{k}", fmt(zero_shot[k]), fmt(curve[-1]), fmt(value), at_round(at), f"{rounds[-1]['selected'][k]}"])
+        lines.append([f"{k}", fmt(zero_shot[k]), fmt(curve[-1]), fmt(value), at_round(at), fmt(rounds[-1]["selected"][k], 0)])
     value, at = best([r["mean_accuracy"] for r in rounds])
     lines.append(["mean", fmt(mean(zero_shot)), fmt(rounds[-1]["mean_accuracy"]), fmt(value), at_round(at),
-                  f"{sum(rounds[-1]['selected']) / num_clients:.0f}"])
+                  fmt(mean(rounds[-1]["selected"]), 0)])
     header = ["client", "zero-shot", "final", "best", "at round", "selected"]
     widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header, *lines])
@@ -145,7 +145,7 @@ class Recorder:
             "comm/bytes_total": sum(row["bytes_sent"]),
             "comm/bytes_cumulative": sum(sum(r["bytes_sent"]) for r in self.rounds),
             "pseudo_labels/accuracy_mean": mean(row["pseudo_label_accuracy"]),
-            "pseudo_labels/selected_total": sum(row["selected"]),
+            "pseudo_labels/selected_total": None if row["selected_per_class"] is None else sum(row["selected"]),
         }
         for k, acc in enumerate(row["client_accuracy"]):
             scalars[f"accuracy/client_{k:03d}"] = acc
@@ -170,12 +170,12 @@ class Recorder:
             self._figure(fig, "pseudo_labels/selection", step)
         session = self.rounds[self.start_round:]  # the pace of this process, not of an interrupted one
         left = eta_seconds(sum(r["round_seconds"] for r in session), len(session), row["rounds"] - step)
-        self.note(
-            f"round {step:>3}/{row['rounds']}  acc {fmt(row['mean_accuracy'])}%  "
-            f"pseudo-label acc {fmt(mean(row['pseudo_label_accuracy']))}%  "
-            f"selected {sum(row['selected'])}  loss {fmt(mean(row['loss']), 4)}  lr {fmt(row['lr'], 4)}  "
-            f"{row['round_seconds']:.1f}s  eta {format_duration(left)}"
-        )
+        parts = [f"round {step:>3}/{row['rounds']}", f"acc {fmt(row['mean_accuracy'])}%"]
+        if row["selected_per_class"] is not None:  # a method with pseudo-labels
+            parts += [f"pseudo-label acc {fmt(mean(row['pseudo_label_accuracy']))}%", f"selected {sum(row['selected'])}"]
+        if row["lr"] is not None:  # some client trained
+            parts += [f"loss {fmt(mean(row['loss']), 4)}", f"lr {fmt(row['lr'], 4)}"]
+        self.note("  ".join([*parts, f"{row['round_seconds']:.1f}s", f"eta {format_duration(left)}"]))
 
     def record_confusion(self, per_client: Tensor, classnames: list[str]) -> None:
         """confusion.json and a heatmap of the (C, C) confusion matrix [true, predicted], summed over the
@@ -194,7 +194,12 @@ class Recorder:
             self.tensorboard.log_metrics(clean, step=step)
 
     def finish(self, settings: dict, extra: dict) -> dict:
-        final = self.rounds[-1] if self.rounds else {}
+        """summary.json. The final accuracies are the last round's; with no round (zero-shot CLIP) the model
+        that was evaluated is the zero-shot one."""
+        final = self.rounds[-1] if self.rounds else {
+            "mean_accuracy": self.zero_shot.get("zero_shot_client_mean"),
+            "client_accuracy": self.zero_shot.get("zero_shot_client_accuracy"),
+        }
         _, at = best([r["mean_accuracy"] for r in self.rounds])
         top = self.rounds[at] if at is not None else {}
         summary = {

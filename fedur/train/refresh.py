@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from fedur.federated.selection import class_weights
 from fedur.labels.base import Labeller
 
 if TYPE_CHECKING:
@@ -51,7 +50,7 @@ def refresh_pseudo_labels(rank: "Rank", zero_shot: bool, refresh_idx: int, label
         client.pseudo_labels = chosen = labeller.select(
             p, None if quotas is None else quotas[client.client_id], refresh_idx, previous=client.pseudo_labels
         )
-        rank.method.after_refresh(rank, client)
+        rank.method.after_refresh(client, rank)
         hits = int((chosen.labels == truth[chosen.indices]).sum())
         counts = torch.bincount(chosen.labels, minlength=num_classes)
         local[client.client_id] = torch.cat([counts, torch.tensor([hits, len(chosen.labels)])])
@@ -59,5 +58,4 @@ def refresh_pseudo_labels(rank: "Rank", zero_shot: bool, refresh_idx: int, label
     selected, label_hits = gathered[:, :num_classes], gathered[:, num_classes:]
     if quotas is None:
         all_estimated = quotas = selected
-    source = quotas if labeller.cfg.weight_source == "requested" else selected
-    return Refresh(all_estimated, quotas, selected, label_hits, class_weights(source.sum(dim=0), labeller.class_weight_fn))
+    return Refresh(all_estimated, quotas, selected, label_hits, labeller.class_weights(quotas, selected))

@@ -20,18 +20,21 @@ class RoundOutcome:
     round_idx: int
     refreshed: bool  # the round began with a pseudo-label refresh
     joined: Tensor  # (K,) bool: sampled to take part (federation.join_rate)
-    weights: Tensor  # (K,) aggregation weight |D~_k| of each client that trained, else 0
+    weights: Tensor  # (K,) aggregation weight of each client that took part (Method.client_weights), else 0
     accuracy: Tensor  # (K, 2) [correct, total] on the client's test set after aggregation
     losses: Tensor  # (K, 4) mean loss, loss_pos, loss_neg and the first learning rate of each client that trained
     uploads: Tensor  # (K,) bytes each client sent
     seconds: float
     phase_seconds: dict[str, float]  # refresh, train, aggregate, evaluate
+    trains: bool = True  # the clients that took part trained with SGD (False: a training-free method)
 
 
-def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh, divergence: dict[str, dict]) -> dict:
-    """One line of metrics.jsonl: every per-client list is indexed by client id."""
-    trained = (outcome.weights > 0).tolist()
+def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, divergence: dict[str, dict]) -> dict:
+    """One line of metrics.jsonl: every per-client list is indexed by client id. Without pseudo-labels (a
+    method without a labeller: `refresh` None) the pseudo-label entries are None."""
+    trained = ((outcome.weights > 0) & outcome.trains).tolist()  # losses exist for the clients that trained
     refreshed, losses = outcome.refreshed, outcome.losses
+    num_clients = len(trained)
 
     def per_trained(column: int) -> list[float | None]:
         return [float(losses[k, column]) if t else None for k, t in enumerate(trained)]
@@ -42,9 +45,9 @@ def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh, divergenc
         "rounds": rounds,
         "mean_accuracy": mean(client_acc),
         "client_accuracy": client_acc,
-        "pseudo_label_accuracy": accuracies(refresh.label_hits),
-        "selected": refresh.selected.sum(dim=1).tolist(),
-        "selected_per_class": refresh.selected.sum(dim=0).tolist(),
+        "pseudo_label_accuracy": [None] * num_clients if refresh is None else accuracies(refresh.label_hits),
+        "selected": [None] * num_clients if refresh is None else refresh.selected.sum(dim=1).tolist(),
+        "selected_per_class": None if refresh is None else refresh.selected.sum(dim=0).tolist(),
         "selection": refresh.selected.tolist() if refreshed else None,  # (K, C)
         "class_weights": refresh.class_weights.tolist() if refreshed and refresh.class_weights is not None else None,
         "refreshed": refreshed,

@@ -144,12 +144,12 @@ def resolve(
                 "(a run commits one after each round); start a new run instead"
             )
         return run_dir, None  # nothing committed yet: start over (main clears the directory on rank 0)
-    if committed.marker["num_clients"] != num_clients:
+    if committed.marker.num_clients != num_clients:
         raise RunDirError(
-            f"the checkpoint in {committed.folder} has {committed.marker['num_clients']} clients, "
+            f"the checkpoint in {committed.folder} has {committed.marker.num_clients} clients, "
             f"federation.num_clients is {num_clients}"
         )
-    changed = settings_diff(committed.marker["settings"], settings)
+    changed = settings_diff(committed.marker.settings, settings)
     if changed and not force:
         raise RunDirError(
             f"settings that change results differ from the checkpoint in {committed.folder}:\n  "
@@ -159,11 +159,17 @@ def resolve(
     return run_dir, committed
 
 
+ABSENT = "<absent>"
+
+
+def changed_settings(saved: dict, now: dict) -> dict[str, tuple]:
+    """{key: (saved value, value now)} of every flat setting that differs (ABSENT where one side lacks it).
+    Values are compared as JSON stores them (a tuple now equals the list a marker holds)."""
+    now = json.loads(json.dumps(now))
+    keys = sorted(set(saved) | set(now))
+    return {key: (saved.get(key, ABSENT), now.get(key, ABSENT)) for key in keys if saved.get(key, ABSENT) != now.get(key, ABSENT)}
+
+
 def settings_diff(saved: dict, now: dict) -> list[str]:
     """`key: old (checkpoint) -> new (now)` for every setting that differs."""
-    keys = sorted(set(saved) | set(now))
-    missing = "<absent>"
-    return [
-        f"{key}: {saved.get(key, missing)!r} (checkpoint) -> {now.get(key, missing)!r} (now)"
-        for key in keys if saved.get(key, missing) != now.get(key, missing)
-    ]
+    return [f"{key}: {old!r} (checkpoint) -> {new!r} (now)" for key, (old, new) in changed_settings(saved, now).items()]

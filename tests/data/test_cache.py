@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fedur.data.cache import corrupt_message, prepare_splits, split_preprocess
+from fedur.data.cache import CacheOptions, corrupt_message, prepare_splits, split_preprocess
 from fedur.data.datasets import DataUnavailableError, ImageSplit
 from fedur.data.loaders import BatchNormalize, ClientImages, MappedImages, Pixels, make_loader, unchanged
 
@@ -37,9 +37,9 @@ def tensor(prepared, image):
 
 
 def prepare(train, test, cache_dir, **kwargs):
-    settings = dict(cache=True, cache_dir=str(cache_dir), dataset_key="test:images", corrupt="stop", workers=0)
+    settings = {"cache": True, "cache_dir": str(cache_dir), "corrupt": "stop", "workers": 0}
     settings.update(kwargs)
-    return prepare_splits(train, test, PREPROCESS, SIZE, **settings)
+    return prepare_splits(train, test, PREPROCESS, SIZE, "test:images", CacheOptions(**settings))
 
 
 @pytest.fixture
@@ -88,8 +88,8 @@ def test_a_second_run_opens_the_file_and_changes_give_a_new_one(splits, tmp_path
     fewer = prepare(ImageSplit(train.labels[:8], paths=train.paths[:8]), test, tmp_path / "cache")
     assert fewer.built == ("train",) and fewer.cache_files["train"] != first.cache_files["train"]
     bigger = prepare_splits(
-        train, test, open_clip.image_transform(SIZE + 8, is_train=False), SIZE + 8,
-        cache=True, cache_dir=str(tmp_path / "cache"), dataset_key="test:images", workers=0,
+        train, test, open_clip.image_transform(SIZE + 8, is_train=False), SIZE + 8, "test:images",
+        CacheOptions(cache=True, cache_dir=str(tmp_path / "cache"), workers=0),
     )
     assert bigger.built == ("train", "test") and bigger.train.arrays.shape == (9, SIZE + 8, SIZE + 8, 3)
     Image.open(train.paths[0]).rotate(90).save(train.paths[0])  # same name, new content

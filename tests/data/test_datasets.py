@@ -1,8 +1,29 @@
+import gc
+import hashlib
+import inspect
+from pathlib import Path
+
+import docstring_parser
 import numpy as np
 import pytest
+from jsonargparse import ArgumentParser, lazy_instance
 from PIL import Image
 
-from fedur.data.datasets import DataUnavailableError, build_dataset, check_available, load_imagefolder, make_synthetic
+from fedur.data import synthetic
+from fedur.data.benchmarks import CUB
+from fedur.data.cifar import CIFAR10
+from fedur.data.datasets import (
+    DataOptions,
+    Dataset,
+    DataUnavailableError,
+    ImageDataset,
+    ImageFolder,
+    ImageSplit,
+    Synthetic,
+    dataset_classes,
+    load_imagefolder,
+    prepare_dataset,
+)
 
 
 def write_folder(root, layout):
@@ -30,10 +51,11 @@ def test_classnames_file(tmp_path):
     root = write_folder(tmp_path, {"train": {"a": 1, "b": 1}, "test": {"a": 1, "b": 1}})
     names = tmp_path / "names.txt"
     names.write_text("red_panda\nkoala\n")
-    assert load_imagefolder(str(root), str(names)).classnames == ["red panda", "koala"]
+    options = DataOptions(classnames_file=str(names))
+    assert prepare_dataset(ImageFolder(str(root)), options, seed=1).classnames == ["red panda", "koala"]
     names.write_text("only one\n")
     with pytest.raises(DataUnavailableError, match="has 1 names but there are 2 classes"):
-        load_imagefolder(str(root), str(names))
+        prepare_dataset(ImageFolder(str(root)), options, seed=1)
 
 
 def test_wrong_layouts_name_the_path(tmp_path):
@@ -56,31 +78,145 @@ def test_corrupt_image_is_reported_by_path(tmp_path):
 
 
 def test_synthetic_is_deterministic_with_separate_train_and_test_streams():
-    a, b = make_synthetic(4, 5, 2, 16, seed=3), make_synthetic(4, 5, 2, 16, seed=3)
+    a, b = Synthetic(4, 5, 2, 16).load(seed=3), Synthetic(4, 5, 2, 16).load(seed=3)
     assert np.array_equal(a.train.arrays, b.train.arrays) and np.array_equal(a.test.arrays, b.test.arrays)
     assert a.classnames == ["circle", "square", "triangle", "star"] and len(a.test) == 8
     assert not np.array_equal(a.train.arrays[:8], a.test.arrays), "the test split is drawn from its own stream"
-    assert not np.array_equal(make_synthetic(4, 5, 2, 16, seed=4).train.arrays, a.train.arrays)
-    with pytest.raises(DataUnavailableError, match=r"synthetic_classes must be in \[2, 10\]"):
-        make_synthetic(11, 5, 2, 16, seed=3)
+    assert not np.array_equal(Synthetic(4, 5, 2, 16).load(seed=4).train.arrays, a.train.arrays)
+    with pytest.raises(DataUnavailableError, match=r"dataset.classes must be in \[2, 10\]"):
+        Synthetic(11, 5, 2, 16).load(seed=3)
+    with pytest.raises(DataUnavailableError, match=r"dataset.classes must be in \[2, 10\]"):
+        Synthetic(1).check()  # before any compute
 
 
 def test_fractions_keep_every_class(tmp_path):
-    ds = build_dataset("synthetic", None, train_fraction=0.1, synthetic_classes=5, synthetic_train_per_class=40)
+    ds = prepare_dataset(Synthetic(classes=5, train_per_class=40), DataOptions(train_fraction=0.1), seed=1)
     assert np.bincount(ds.train.labels).tolist() == [4] * 5
     with pytest.raises(DataUnavailableError, match="fractions"):
-        build_dataset("synthetic", None, train_fraction=1.5)
+        prepare_dataset(Synthetic(), DataOptions(train_fraction=1.5), seed=1)
 
 
 def test_template_must_have_one_slot():
     with pytest.raises(DataUnavailableError, match="exactly one"):
-        build_dataset("synthetic", None, template="a photo")
+        prepare_dataset(Synthetic(), DataOptions(template="a photo"), seed=1)
 
 
 def test_missing_cifar10_offline_says_what_to_download(tmp_path, monkeypatch):
     monkeypatch.setattr("fedur.data.cifar.reachable", lambda host: False)
     with pytest.raises(DataUnavailableError) as err:
-        check_available("cifar10", str(tmp_path), download=True)
-    assert "cifar-10-python.tar.gz" in str(err.value) and f"data.root={tmp_path}" in str(err.value)
-    with pytest.raises(DataUnavailableError, match="needs data.root"):
-        check_available("cifar10", None, download=True)
+        CIFAR10(str(tmp_path), download=True).check()
+    assert "cifar-10-python.tar.gz" in str(err.value) and f"dataset.root={tmp_path}" in str(err.value)
+    with pytest.raises(DataUnavailableError, match="needs dataset.root"):
+        CIFAR10(None, download=True).check()
+    with pytest.raises(DataUnavailableError, match="needs dataset.root"):
+        ImageFolder().check()
+
+
+# ---------------------------------------------------------------- plugins
+
+
+BUILT_IN = {
+    "imagefolder": "ImageFolder", "synthetic": "Synthetic", "cifar10": "CIFAR10", "cifar100": "CIFAR100", "dtd": "DTD",
+    "resisc45": "RESISC45", "cub": "CUB", "ucf101": "UCF101", "domainnet": "DomainNet", "officehome": "OfficeHome",
+}
+
+
+class TwoShapes(Dataset):
+    """A user's own dataset, defined outside fedur: circles and squares on a fixed seed.
+
+    Args:
+        per_class: Images per class and split.
+    """
+
+    key = "twoshapes"
+
+    def __init__(self, per_class: int = 4):
+        self.per_class = per_class
+
+    def load(self, seed: int) -> ImageDataset:
+        splits = [ImageSplit(labels, arrays=images) for images, labels in
+                  (synthetic.generate(2, self.per_class, 8, seed=(seed, stream)) for stream in (0, 1))]
+        return ImageDataset("twoshapes", ["circle", "square"], "a drawing of a {}.", *splits)
+
+
+class BigCUB(CUB):
+    """A variant of a built-in dataset: it keeps its parent's key and is not listed on its own."""
+
+
+def test_every_dataset_is_registered_under_its_own_key_with_documented_options():
+    registry = dataset_classes()
+    assert {key: cls.__name__ for key, cls in registry.items() if key in BUILT_IN} == BUILT_IN
+    assert all(cls.key == key and key == key.lower() for key, cls in registry.items())
+    assert registry["cub"] is CUB and registry["twoshapes"] is TwoShapes
+    for cls in registry.values():
+        options = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+        documented = [param.arg_name for param in docstring_parser.parse(cls.__doc__).params]
+        assert documented == options, f"{cls.__name__}: every option in its Args section, in order"
+
+
+def test_two_datasets_with_one_key_are_refused():
+    class Clash(Dataset):
+        key = "cub"
+
+    with pytest.raises(ValueError, match="CUB and .*Clash both have the key 'cub'"):
+        dataset_classes()
+    del Clash
+    gc.collect()  # a class lives on in __subclasses__ until collected
+    assert dataset_classes()["cub"] is CUB
+
+
+def test_a_users_dataset_loads_through_prepare_dataset_and_parses_on_the_command_line():
+    prepared = prepare_dataset(TwoShapes(per_class=6), DataOptions(train_fraction=0.5, template="a {}"), seed=2)
+    assert prepared.name == "twoshapes" and prepared.template == "a {}" and prepared.classnames == ["circle", "square"]
+    assert np.bincount(prepared.train.labels).tolist() == [3, 3] and len(prepared.test) == 12
+    assert repr(TwoShapes(per_class=6)) == "TwoShapes(per_class=6)" and TwoShapes().cache_key == "twoshapes:"
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--dataset", type=Dataset, default=lazy_instance(ImageFolder))
+    parsed = parser.instantiate(parser.parse_args(["--dataset", "TwoShapes", "--dataset.per_class", "3"]))
+    assert isinstance(parsed.dataset, TwoShapes) and parsed.dataset.per_class == 3
+    parsed = parser.instantiate(parser.parse_args(["--dataset", "CUB", "--dataset.root", "~/birds"]))
+    assert isinstance(parsed.dataset, CUB) and not parsed.dataset.root.startswith("~")
+    assert parser.instantiate(parser.parse_args(["--dataset.root", "/y"])).dataset.root == "/y"
+
+
+def test_a_load_that_names_its_dataset_otherwise_is_refused():
+    class Misnamed(TwoShapes):
+        key = "misnamed"
+
+    with pytest.raises(ValueError, match="named 'twoshapes'; name it 'misnamed'"):
+        prepare_dataset(Misnamed(), DataOptions(), seed=1)
+    del Misnamed
+    gc.collect()
+
+
+def test_root_is_expanded_and_the_cache_key_is_the_one_from_before_plugins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert CUB("~/birds").root == str(Path.home() / "birds")
+    assert CUB("birds").cache_key == f"cub:{tmp_path}/birds"  # "<data.name>:<abspath(data.root)>", as before
+    assert CUB("~/birds").cache_key == f"cub:{tmp_path}/~/birds"  # the root as given, not expanded, as before
+    assert ImageFolder().cache_key == "imagefolder:" and Synthetic().cache_key == "synthetic:"
+    assert Synthetic().root is None and repr(ImageFolder("/d")) == "ImageFolder(root='/d')"
+
+
+def digest(array):
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(
+    "options, seed, train, test",  # sha256 prefixes of (arrays, labels) from make_synthetic before plugins
+    [
+        ((4, 5, 2, 16), 3, ("ef08ef99ba381dc3", "3e6f255870bae597"), ("420ac8406c27c9aa", "180941be1558d749")),
+        ((10, 60, 20, 32), 1, ("5793af5f5b44854e", "cab70c4e3ef902db"), ("cf5bc2d008156df1", "e939e099c3608c93")),
+        ((2, 3, 1, 8), 500, ("4de9bc40200ce69f", "0020bd656ca1c80c"), ("fba3b742edc22283", "9d34149fbd1fe777")),
+    ],
+)
+def test_synthetic_load_is_what_make_synthetic_gave(options, seed, train, test):
+    ds = Synthetic(*options).load(seed)
+    assert (digest(ds.train.arrays), digest(ds.train.labels)) == train
+    assert (digest(ds.test.arrays), digest(ds.test.labels)) == test
+    classes, train_per_class, test_per_class, size = options
+    images, labels = synthetic.generate(classes, train_per_class, size, seed=(seed, 0))
+    assert np.array_equal(ds.train.arrays, images) and np.array_equal(ds.train.labels, labels)
+    assert ds.train.arrays.shape == (classes * train_per_class, size, size, 3) and len(ds.test) == classes * test_per_class
+    assert ds.name == "synthetic" and ds.classnames == synthetic.CLASSNAMES[:classes] and ds.template == "a photo of a {}."

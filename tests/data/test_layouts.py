@@ -7,11 +7,13 @@ import pickle
 
 import numpy as np
 import pytest
+from jsonargparse import ArgumentError, ArgumentParser
 from PIL import Image
 
-from fedur.data.cifar import CIFAR
-from fedur.data.datasets import DataUnavailableError, build_dataset, check_available
-from fedur.data.domains import DOMAINNET_DOMAINS, DOMAINNET_FEDBN_CLASSES, stratified_holdout
+from fedur.data.benchmarks import CUB, DTD, RESISC45, UCF101
+from fedur.data.cifar import CIFAR, CIFAR10, CIFAR100
+from fedur.data.datasets import DataOptions, Dataset, DataUnavailableError, prepare_dataset
+from fedur.data.domains import DOMAINNET_DOMAINS, DOMAINNET_FEDBN_CLASSES, DomainNet, OfficeHome, stratified_holdout
 from fedur.data.inspect import dataset_report
 
 _buffer = io.BytesIO()
@@ -27,6 +29,11 @@ def touch(path):
 def lines(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{row}\n" for row in rows))
+
+
+def build(source, seed=1, **options):
+    """Load and prepare as a run does: the dataset's own options on `source`, the `data:` ones here."""
+    return prepare_dataset(source, DataOptions(**options), seed)
 
 
 def counts(split, num_classes):
@@ -121,7 +128,7 @@ def write_cifar(root, name):
     files = {"train": [f"data_batch_{i}" for i in range(1, 6)] if name == "cifar10" else ["train"]}
     files["test"] = ["test_batch"] if name == "cifar10" else ["test"]
     (root / folder).mkdir(parents=True)
-    for split, names in files.items():
+    for names in files.values():
         labels = np.repeat(np.arange(classes), 2)
         planes = np.stack([labels, np.full_like(labels, 7), np.full_like(labels, 9)], axis=1)  # (N, 3)
         data = np.repeat(planes, 1024, axis=1).astype(np.uint8)  # (N, 3072): R plane, G plane, B plane
@@ -167,8 +174,8 @@ def write_officehome(root, per_class=3):
 
 
 def test_dtd(tmp_path):
-    check_available("dtd", str(write_dtd(tmp_path)), download=False)
-    ds = build_dataset("dtd", str(tmp_path))
+    DTD(str(write_dtd(tmp_path))).check()
+    ds = build(DTD(str(tmp_path)))
     assert ds.classnames == ["banded", "polka-dotted", "zig zag"] and ds.template == "a photo of a {}"
     assert counts(ds.train, 3) == [3, 3, 3] and counts(ds.test, 3) == [1, 1, 1]  # train = train.txt + val.txt
     assert ds.train.paths[0] == str(tmp_path / "train/banded/banded_train0.jpg")  # zip prefix dropped
@@ -177,77 +184,80 @@ def test_dtd(tmp_path):
 
 
 def test_resisc45(tmp_path):
-    ds = build_dataset("resisc45", str(write_resisc45(tmp_path)))
+    ds = build(RESISC45(str(write_resisc45(tmp_path))))
     assert ds.classnames == ["airplane", "baseball diamond"] and ds.template == "a photo of a {}"
     assert counts(ds.train, 2) == [3, 3] and counts(ds.test, 2) == [3, 3]
     assert ds.test.paths[-1] == str(tmp_path / "baseball_diamond/baseball_diamond_test002.jpg")
 
 
 def test_cub(tmp_path):
-    ds = build_dataset("cub", str(write_cub(tmp_path)))
+    ds = build(CUB(str(write_cub(tmp_path))))
     assert ds.classnames == ["black footed albatross", "laysan albatross"] and ds.template == "a photo of a {}"
     assert counts(ds.train, 2) == [3, 3] and counts(ds.test, 2) == [2, 2]
 
 
 def test_ucf101_both_layouts(tmp_path):
-    ds = build_dataset("ucf101", str(write_ucf101_fedcopl(tmp_path / "fedcopl")))
+    ds = build(UCF101(str(write_ucf101_fedcopl(tmp_path / "fedcopl"))))
     assert ds.classnames == ["Apply Eye Makeup", "Archery"] and ds.template == "a photo of a {}"
     assert counts(ds.train, 2) == [3, 3] and counts(ds.test, 2) == [1, 1]
     assert ds.train.paths[0].endswith("fedcopl/train/Apply_Eye_Makeup/v_Apply_Eye_Makeup_g00_c01.jpg")
     coop = write_ucf101_coop(tmp_path / "coop")
-    ds = build_dataset("ucf101", str(coop))
+    ds = build(UCF101(str(coop)))
     assert ds.classnames == ["Apply Eye Makeup", "Archery"]
     assert counts(ds.train, 2) == [3, 3] and counts(ds.test, 2) == [2, 2]
-    assert counts(build_dataset("ucf101", str(coop), ucf101_include_val=True).train, 2) == [4, 4]
+    assert counts(build(UCF101(str(coop), include_val=True)).train, 2) == [4, 4]
 
 
 @pytest.mark.parametrize("name", ["cifar10", "cifar100"])
 def test_cifar_pickles(tmp_path, name):
     classes = 10 if name == "cifar10" else 100
-    ds = build_dataset(name, str(write_cifar(tmp_path, name)), download=False)
+    ds = build({"cifar10": CIFAR10, "cifar100": CIFAR100}[name](str(write_cifar(tmp_path, name)), download=False))
     assert ds.classnames[:2] == ["class 0", "class 1"] and ds.template == "a photo of a {}."
     assert counts(ds.train, classes) == [2] * classes and ds.train.arrays.shape == (2 * classes, 32, 32, 3)
     assert ds.test.arrays[5, 3, 4].tolist() == [ds.test.labels[5], 7, 9]  # channel planes -> HWC
 
 
 def test_domainnet_fedbn_subset_in_official_order(tmp_path):
-    ds = build_dataset("domainnet", str(write_domainnet(tmp_path)))
+    ds = build(DomainNet(str(write_domainnet(tmp_path))))
     assert ds.classnames == ["zebra"] + [c.replace("_", " ") for c in DOMAINNET_FEDBN_CLASSES[:-1]]
     assert ds.template == "a photo of a {}." and ds.domain_names == DOMAINNET_DOMAINS
     assert len(ds.train) == 6 * 10 * 2 and len(ds.test) == 6 * 10  # aircraft_carrier is not in the subset
     assert np.bincount(ds.train.domains).tolist() == [20] * 6 and ds.train.domains.dtype == np.int64
-    picked = build_dataset("domainnet", str(tmp_path), domains=["Sketch", "clipart"])
+    picked = build(DomainNet(str(tmp_path), domains=["Sketch", "clipart"]))
     assert picked.domain_names == ["sketch", "clipart"] and picked.classnames == ds.classnames
     assert all("/sketch/" in p for p, d in zip(picked.test.paths, picked.test.domains) if d == 0)
-    half = build_dataset("domainnet", str(tmp_path), domains=["sketch", "clipart"], train_fraction=0.5)
+    half = build(DomainNet(str(tmp_path), domains=["sketch", "clipart"]), train_fraction=0.5)
     assert np.bincount(half.train.domains * 10 + half.train.labels).tolist() == [1] * 20  # per (domain, class)
 
 
 def test_domainnet_all_345_classes(tmp_path):
     classes = {f"class_{i:03d}": i for i in range(345)}
-    ds = build_dataset("domainnet", str(write_domainnet(tmp_path, ["real"], classes)), domains=["real"],
-                       domainnet_classes=345)
+    ds = build(DomainNet(str(write_domainnet(tmp_path, ["real"], classes)), domains=["real"], classes=345))
     assert ds.num_classes == 345 and ds.classnames[7] == "class 007" and counts(ds.test, 345) == [1] * 345
     for split in ("train", "test"):  # one class short in both split files
         listing = tmp_path / f"real_{split}.txt"
         listing.write_text("".join(line + "\n" for line in listing.read_text().splitlines() if "class_344" not in line))
     with pytest.raises(DataUnavailableError, match="list 344 classes"):
-        build_dataset("domainnet", str(tmp_path), domains=["real"], domainnet_classes=345)
+        build(DomainNet(str(tmp_path), domains=["real"], classes=345))
+    with pytest.raises(DataUnavailableError, match="dataset.classes must be 10 or 345, got 11"):
+        build(DomainNet(str(tmp_path), domains=["real"], classes=11))
 
 
 def test_officehome_holdout(tmp_path):
     root = str(write_officehome(tmp_path))
-    check_available("officehome", root, download=False, domains=["real_world", "Art"])
-    ds = build_dataset("officehome", root, holdout_fraction=0.2, holdout_seed=0)
+    OfficeHome(root, domains=["real_world", "Art"]).check()
+    ds = build(OfficeHome(root, holdout_fraction=0.2, holdout_seed=0))
     assert ds.domain_names == ["Art", "Clipart", "Product", "Real_World"] and ds.classnames[3] == "class 03"
     assert ds.template == "a photo of a {}."
     assert len(ds.test) == 4 * 65 and len(ds.train) == 4 * 65 * 2  # round(0.2 * 3) = 1 held out per cell
     cells = np.bincount(ds.test.domains * 65 + ds.test.labels, minlength=4 * 65)
     assert cells.tolist() == [1] * (4 * 65)
     assert not set(ds.train.paths) & set(ds.test.paths)
-    again = build_dataset("officehome", root, holdout_seed=0, seed=5)  # run.seed does not move the test set
+    again = build(OfficeHome(root, holdout_seed=0), seed=5)  # run.seed does not move the test set
     assert again.test.paths == ds.test.paths
-    assert build_dataset("officehome", root, holdout_seed=1).test.paths != ds.test.paths
+    assert build(OfficeHome(root, holdout_seed=1)).test.paths != ds.test.paths
+    with pytest.raises(DataUnavailableError, match=r"dataset.holdout_fraction must be in \(0, 1\), got 1.0"):
+        build(OfficeHome(root, holdout_fraction=1.0))
 
 
 def test_stratified_holdout_counts_and_seed():
@@ -265,19 +275,19 @@ def test_missing_split_file_names_path_and_what_is_there(tmp_path):
     write_dtd(tmp_path)
     (tmp_path / "val.txt").unlink()
     with pytest.raises(DataUnavailableError) as err:
-        check_available("dtd", str(tmp_path), download=False)
+        DTD(str(tmp_path)).check()
     assert f"{tmp_path}/val.txt" in str(err.value) and "found only: class_names.txt, test, test.txt" in str(err.value)
     with pytest.raises(DataUnavailableError, match="CUB_200_2011 does not exist; found only: class_names.txt"):
-        check_available("cub", str(tmp_path), download=False)
+        CUB(str(tmp_path)).check()
     with pytest.raises(DataUnavailableError, match="split_zhou_UCF101.json"):
-        check_available("ucf101", str(tmp_path / "nowhere"), download=False)
+        UCF101(str(tmp_path / "nowhere")).check()
 
 
 def test_missing_listed_image(tmp_path):
     write_dtd(tmp_path)
     (tmp_path / "test/zig_zag/zig_zag_test0.jpg").unlink()
     with pytest.raises(DataUnavailableError) as err:
-        build_dataset("dtd", str(tmp_path))
+        build(DTD(str(tmp_path)))
     message = str(err.value)
     assert "1 of the 3 images listed in" in message and "test.txt are missing" in message
     assert "zig_zag/zig_zag_test0.jpg" in message
@@ -287,19 +297,19 @@ def test_empty_class_and_mismatched_names(tmp_path):
     write_dtd(tmp_path / "extra")
     lines(tmp_path / "extra/class_names.txt", ["banded", "polka-dotted", "zig_zag", "woven"])
     with pytest.raises(DataUnavailableError, match=r"1 of 4 classes have no images in train.txt \+ val.txt: 'woven'"):
-        build_dataset("dtd", str(tmp_path / "extra"))
+        build(DTD(str(tmp_path / "extra")))
     write_dtd(tmp_path / "short")
     lines(tmp_path / "short/class_names.txt", ["banded", "polka-dotted"])
     with pytest.raises(DataUnavailableError, match=r"label 2 is outside 0..1: .*class_names.txt names 2 classes"):
-        build_dataset("dtd", str(tmp_path / "short"))
+        build(DTD(str(tmp_path / "short")))
     cub = write_cub(tmp_path / "cub")
     lines(cub / "CUB_200_2011/classes.txt", ["1 001.Black_footed_Albatross"])
     with pytest.raises(DataUnavailableError, match="has class 2 but classes.txt has 1 classes"):
-        build_dataset("cub", str(cub))
+        build(CUB(str(cub)))
     with pytest.raises(DataUnavailableError, match="has 1 names but there are 2 classes"):
         names = tmp_path / "names.txt"
         names.write_text("one\n")
-        build_dataset("resisc45", str(write_resisc45(tmp_path / "resisc")), classnames_file=str(names))
+        build(RESISC45(str(write_resisc45(tmp_path / "resisc"))), classnames_file=str(names))
 
 
 def test_resisc45_image_of_unknown_class(tmp_path):
@@ -308,16 +318,20 @@ def test_resisc45_image_of_unknown_class(tmp_path):
     meta["images"][0]["file_name"] = "test.zip@harbor/harbor_001.jpg"
     (tmp_path / "test.json").write_text(json.dumps(meta))
     with pytest.raises(DataUnavailableError, match="harbor_001.jpg' is not '<class_folder>/<image>' with a class"):
-        build_dataset("resisc45", str(tmp_path))
+        build(RESISC45(str(tmp_path)))
 
 
 def test_unknown_domain_and_domains_on_single_domain_data(tmp_path):
-    with pytest.raises(DataUnavailableError, match="domainnet has the domains clipart, .*; unknown: cartoon"):
-        check_available("domainnet", str(tmp_path), download=False, domains=["clipart", "cartoon"])
-    with pytest.raises(DataUnavailableError, match="data.domains is for domainnet and officehome"):
-        check_available("dtd", str(tmp_path), download=False, domains=["clipart"])
+    with pytest.raises(DataUnavailableError, match="dataset.domains=.*: domainnet has the domains clipart, .*; unknown: cartoon"):
+        DomainNet(str(tmp_path), domains=["clipart", "cartoon"]).check()
+    with pytest.raises(DataUnavailableError, match="officehome has the domains Art, .*; give at least one"):
+        OfficeHome(str(tmp_path), domains=[]).check()
+    parser = ArgumentParser(exit_on_error=False)  # only the multi-domain datasets have domains
+    parser.add_argument("--dataset", type=Dataset)
+    with pytest.raises(ArgumentError, match="Option 'domains' is not accepted"):
+        parser.parse_args(["--dataset", "DTD", "--dataset.root", str(tmp_path), "--dataset.domains", "[clipart]"])
     with pytest.raises(DataUnavailableError, match="clipart_train.txt"):
-        check_available("domainnet", str(tmp_path), download=False)
+        DomainNet(str(tmp_path)).check()
 
 
 def test_officehome_domains_must_share_classes(tmp_path):
@@ -325,13 +339,13 @@ def test_officehome_domains_must_share_classes(tmp_path):
     (tmp_path / "Clipart" / "Class_07" / "00000.jpg").unlink()
     (tmp_path / "Clipart" / "Class_07").rmdir()
     with pytest.raises(DataUnavailableError, match="Clipart \\(the same in every domain\\); found 64, differing"):
-        build_dataset("officehome", str(tmp_path))
+        build(OfficeHome(str(tmp_path)))
 
 
 def test_missing_cifar100_offline_says_what_to_download(tmp_path, monkeypatch):
     monkeypatch.setattr("fedur.data.cifar.reachable", lambda host: False)
     with pytest.raises(DataUnavailableError, match="cifar-100-python.tar.gz") as err:
-        check_available("cifar100", str(tmp_path), download=True)
+        CIFAR100(str(tmp_path), download=True).check()
     assert f"{tmp_path}/cifar-100-python/" in str(err.value)
 
 
@@ -339,7 +353,7 @@ def test_missing_cifar100_offline_says_what_to_download(tmp_path, monkeypatch):
 
 
 def test_report_counts_per_domain_and_totals(tmp_path):
-    ds = build_dataset("domainnet", str(write_domainnet(tmp_path, ["clipart", "real"])), domains=["real", "clipart"])
+    ds = build(DomainNet(str(write_domainnet(tmp_path, ["clipart", "real"])), domains=["real", "clipart"]))
     report = dataset_report(ds)
     assert report.splitlines()[0] == "domainnet: 10 classes, 40 train / 20 test images, template 'a photo of a {}.'"
     assert "domains (2): real, clipart" in report

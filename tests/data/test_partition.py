@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
+from fedur.data.images import ImageSplit
 from fedur.data.partition import (
     PartitionError,
+    PartitionSpec,
     class_histogram,
     dirichlet_split,
     domain_dirichlet_split,
@@ -208,19 +210,25 @@ def test_smaller_beta_is_more_skewed_than_larger_beta_and_iid_over_seeds():
 
 
 SCHEMES = {
-    "dirichlet": dict(num_clients=6),
-    "quantity": dict(num_clients=10),  # 2 owners per class: sizes are drawn (1 owner draws nothing)
-    "domain": dict(num_clients=3),
-    "domain_dirichlet": dict(num_clients=6, clients_per_domain=2),
-    "iid": dict(num_clients=6),
+    "dirichlet": {"num_clients": 6},
+    "quantity": {"num_clients": 10},  # 2 owners per class: sizes are drawn (1 owner draws nothing)
+    "domain": {"num_clients": 3},
+    "domain_dirichlet": {"num_clients": 6, "clients_per_domain": 2},
+    "iid": {"num_clients": 6},
 }
 
 
 def split_with(scheme, seed, **overrides):
-    settings = dict(beta=0.5, class_fraction=0.2, clients_per_domain=2, seed=seed, min_train=10)
+    settings = {"beta": 0.5, "class_fraction": 0.2, "clients_per_domain": 2, "seed": seed, "min_train": 10}
     settings.update(SCHEMES[scheme])
     settings.update(overrides)
-    return split_clients(scheme, TRAIN, TEST, DOMAINS_TRAIN, DOMAINS_TEST, **settings)
+    train, test = ImageSplit(TRAIN, domains=DOMAINS_TRAIN), ImageSplit(TEST, domains=DOMAINS_TEST)
+    return split_clients(PartitionSpec(scheme, **settings), train, test)
+
+
+def without_domains(scheme, num_clients):
+    spec = PartitionSpec(scheme, num_clients, beta=0.1, class_fraction=0.2, clients_per_domain=1, seed=1, min_train=1)
+    return spec, ImageSplit(TRAIN), ImageSplit(TEST)
 
 
 DOMAINS_TRAIN, DOMAINS_TEST = np.arange(len(TRAIN)) % 3, np.arange(len(TEST)) % 3
@@ -244,21 +252,20 @@ def test_every_scheme_puts_every_sample_in_exactly_one_client_and_is_seeded(sche
 @pytest.mark.parametrize(
     "scheme, overrides, message",
     [
-        ("domain", dict(num_clients=4), "federation.num_clients=4"),
-        ("domain_dirichlet", dict(num_clients=5), "federation.clients_per_domain"),
-        ("domain_dirichlet", dict(clients_per_domain=0, num_clients=0), "federation.clients_per_domain must be >= 1"),
-        ("quantity", dict(num_clients=4), "federation.class_fraction"),  # int(0.2 * 4) = 0 owners per class
-        ("quantity", dict(num_clients=6), "client\\(s\\) \\[5\\]"),  # 5 clients x 2 slots take all 10 classes
-        ("quantity", dict(class_fraction=1.5), "federation.class_fraction must be in"),
-        ("dirichlet", dict(beta=0.0), "federation.beta"),
-        ("bogus", dict(), "federation.partition='bogus'"),
+        ("domain", {"num_clients": 4}, "federation.num_clients=4"),
+        ("domain_dirichlet", {"num_clients": 5}, "federation.clients_per_domain"),
+        ("domain_dirichlet", {"clients_per_domain": 0, "num_clients": 0}, "federation.clients_per_domain must be >= 1"),
+        ("quantity", {"num_clients": 4}, "federation.class_fraction"),  # int(0.2 * 4) = 0 owners per class
+        ("quantity", {"num_clients": 6}, "client\\(s\\) \\[5\\]"),  # 5 clients x 2 slots take all 10 classes
+        ("quantity", {"class_fraction": 1.5}, "federation.class_fraction must be in"),
+        ("dirichlet", {"beta": 0.0}, "federation.beta"),
+        ("bogus", {}, "federation.partition='bogus'"),
     ],
 )
 def test_bad_settings_name_the_key_to_change(scheme, overrides, message):
     if scheme == "bogus":
         with pytest.raises(PartitionError, match=message):
-            split_clients(scheme, TRAIN, TEST, None, None, num_clients=2, beta=0.1, class_fraction=0.2,
-                          clients_per_domain=1, seed=1, min_train=1)
+            split_clients(*without_domains(scheme, num_clients=2))
         return
     with pytest.raises(PartitionError, match=message):
         split_with(scheme, seed=1, **overrides)
@@ -267,8 +274,7 @@ def test_bad_settings_name_the_key_to_change(scheme, overrides, message):
 @pytest.mark.parametrize("scheme", ["domain", "domain_dirichlet"])
 def test_domain_schemes_need_a_dataset_with_domains(scheme):
     with pytest.raises(PartitionError, match=f"federation.partition={scheme} needs a dataset with domains"):
-        split_clients(scheme, TRAIN, TEST, None, None, num_clients=3, beta=0.1, class_fraction=0.2,
-                      clients_per_domain=1, seed=1, min_train=1)
+        split_clients(*without_domains(scheme, num_clients=3))
 
 
 def test_quantity_refuses_classes_too_small_to_share():

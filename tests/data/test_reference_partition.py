@@ -8,8 +8,10 @@ the global NumPy RNG from `main()` to the end of `prepare_dataset_UL_fed`, on ha
 import numpy as np
 import pytest
 
+from fedur.data.images import ImageSplit
 from fedur.data.partition import (
     PartitionError,
+    PartitionSpec,
     dirichlet_split,
     domain_dirichlet_split,
     iid_split,
@@ -102,7 +104,7 @@ def prepare_dataset_UL_fed(K, train_ids, test_ids, n_parties, partition, beta):
             num_samples_test.append(num_all_samples_test - sum(num_samples_test))
             idx = 0
             for client, num_sample in zip(selected_clients, num_samples):
-                if client not in party2dataidx.keys():
+                if client not in party2dataidx:
                     party2dataidx[client] = idx_for_each_class[i][idx : idx + num_sample]
                 else:
                     party2dataidx[client] = np.append(
@@ -112,7 +114,7 @@ def prepare_dataset_UL_fed(K, train_ids, test_ids, n_parties, partition, beta):
                 class_num_per_client[client] -= 1
             idx = 0
             for client, num_sample in zip(selected_clients, num_samples_test):
-                if client not in party2dataidx_test.keys():
+                if client not in party2dataidx_test:
                     party2dataidx_test[client] = idx_for_each_class_test[i][idx : idx + num_sample]
                 else:
                     party2dataidx_test[client] = np.append(
@@ -170,10 +172,9 @@ FEDUR_SCHEME = {"noniid": "dirichlet", "noniid-labeldir": "quantity", "iid": "ii
 
 
 def fedur_split(scheme, train, test, num_clients, seed, dataset, beta=0.1, min_train=10):
-    return split_clients(
-        scheme, train, test, None, None, num_clients=num_clients, beta=beta, class_fraction=0.2,
-        clients_per_domain=1, seed=seed, min_train=min_train, dataset=dataset,
-    )
+    spec = PartitionSpec(scheme, num_clients, beta, class_fraction=0.2, clients_per_domain=1, seed=seed,
+                         min_train=min_train)
+    return split_clients(spec, ImageSplit(train), ImageSplit(test), dataset)
 
 
 def as_lists(parts):
@@ -284,8 +285,9 @@ def test_domain_dirichlet_maps_reference_to_500():
     rng = np.random.RandomState(0)
     train_domains, test_domains = np.repeat(np.arange(3), 400), np.repeat(np.arange(3), 100)
     train, test = rng.randint(0, 10, 1200), rng.randint(0, 10, 300)
-    got = split_clients("domain_dirichlet", train, test, train_domains, test_domains, num_clients=6, beta=0.1,
-                        class_fraction=0.2, clients_per_domain=2, seed="reference", min_train=10, dataset="domainnet")
+    spec = PartitionSpec("domain_dirichlet", num_clients=6, beta=0.1, class_fraction=0.2, clients_per_domain=2,
+                         seed="reference", min_train=10)
+    got = split_clients(spec, ImageSplit(train, domains=train_domains), ImageSplit(test, domains=test_domains), "domainnet")
     want = domain_dirichlet_split(train, test, train_domains, test_domains, 2, 0.1, 500, 10)
     assert all(np.array_equal(a, b) for a, b in zip(got[0] + got[1], want[0] + want[1]))
 

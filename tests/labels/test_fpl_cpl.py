@@ -4,7 +4,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedur.config import LabelsConfig
 from fedur.labels.cpl import (
     CPL,
     candidate_sets,
@@ -84,7 +83,7 @@ def test_fpl_menghini_equal_scores_rank_lower_index_first():
 
 
 def test_fpl_labeller_uses_fpl_per_class():
-    chosen = FPL(LabelsConfig(fpl_per_class=1)).select(FPL_PROBS)
+    chosen = FPL(per_class=1).select(FPL_PROBS)
     assert chosen.indices.tolist() == [1, 3, 5]
     assert chosen.labels.tolist() == [0, 1, 2]
 
@@ -233,7 +232,7 @@ def test_cpl_grip_pools_grow_per_refresh_from_the_previous_fill():
     # 40 samples, 2 classes: 30 of class 0 (p .9 down to .61), 10 of class 1 (p .7 up to .9)
     p0 = torch.cat([torch.linspace(0.9, 0.61, 30), torch.linspace(0.3, 0.1, 10)])
     probs = torch.stack([p0, 1 - p0], dim=1)
-    labeller = CPL(LabelsConfig(cpl_quantiles=(0.5, 0.01), cpl_per_class="grip"), "cifar10")
+    labeller = CPL(quantiles=(0.5, 0.01), per_class="grip").bind("cifar10")
     assert labeller.step_quantile == 10
     first = labeller.select(probs, refresh_idx=0)  # K = int(1 * int(40 / 10) / 2) = 2 per pool
     assert first.indices.tolist() == [0, 1, 38, 39] and first.pools.tolist() == [0, 0, 1, 1]
@@ -247,12 +246,12 @@ def test_cpl_grip_pools_grow_per_refresh_from_the_previous_fill():
     assert labeller.pool_sizes(probs, 0, lopsided).tolist() == [2, 1]
     assert cpl_pool_caps(torch.tensor([2, 0]), 2).tolist() == [2, 0]  # CPL's own rule: that pool stays empty
     # a previous selection with a pool above K (a fixed-K one) counts as none
-    fixed = CPL(LabelsConfig(cpl_quantiles=(0.5, 0.01), cpl_per_class=16), "cifar10").select(probs)
+    fixed = CPL(quantiles=(0.5, 0.01), per_class=16).bind("cifar10").select(probs)
     assert labeller.pool_sizes(probs, 0, fixed).tolist() == [2, 2]
     # K is at least 1 where the formula gives 0 (n / 10 < C), and a fixed K ignores the refresh
     assert labeller.pool_sizes(probs[:15], 0, None).tolist() == [1, 1]
-    assert CPL(LabelsConfig(cpl_per_class=3), "cifar10").pool_sizes(probs, 5, first) == 3
-    assert CPL(LabelsConfig(cpl_per_class="grip"), "cub").step_quantile == 20
+    assert CPL(per_class=3).bind("cifar10").pool_sizes(probs, 5, first) == 3
+    assert CPL(per_class="grip").bind("cub").step_quantile == 20
 
 
 # ---------------------------------------------------------------- cc loss
@@ -290,9 +289,9 @@ def test_cc_loss_soft_weights_and_stability():
 
 
 def test_cpl_labeller_selects_candidates_and_trains_with_cc():
-    labeller = CPL(LabelsConfig(cpl_quantiles=(0.375, 0.75), cpl_per_class=16), "dtd")
+    labeller = CPL(quantiles=(0.375, 0.75), per_class=16).bind("dtd")
     assert (labeller.alpha, labeller.beta) == (0.375, 0.75)
-    assert (CPL(LabelsConfig(), "resisc45").alpha, CPL(LabelsConfig(), "resisc45").beta) == (0.90, 0.97)
+    assert (CPL().bind("resisc45").alpha, CPL().bind("resisc45").beta) == (0.90, 0.97)
     chosen = labeller.select(CPL_PROBS)
     assert chosen.indices.tolist() == [0, 1, 2, 3]  # row 4's set is empty
     assert chosen.labels.tolist() == [0, 0, 1, 2]

@@ -12,7 +12,7 @@ from fedur.model.clip import load_clip
 def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path):
     run_dir = tmp_path / "run"
     cfg, config_yaml = parse_config(
-        ["--config", "tests/tiny.yaml", "--federation.rounds", "2", "--run.output_dir", str(run_dir)]
+        ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--run.output_dir", str(run_dir)]
     )
     result = run(cfg, config_yaml)
 
@@ -46,7 +46,7 @@ def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path)
 
 def run_smoke(tmp_path, *overrides):
     cfg, config_yaml = parse_config(
-        ["--config", "tests/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run"), *overrides]
+        ["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run"), *overrides]
     )
     result = run(cfg, config_yaml)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -92,20 +92,20 @@ def initial_text_prompt(result):
 
 def test_without_selection_or_filters_every_sample_is_trained_on(tmp_path):
     result, row = run_smoke(
-        tmp_path, "--labels.cooperative_selection", "false", "--labels.confidence_filter", "false",
-        "--labels.entropy_filter", "false",
+        tmp_path, "--labeller", "CoDPL", "--labeller.cooperative_selection", "false", "--labeller.confidence_filter",
+        "false", "--labeller.entropy_filter", "false",
     )
     assert row["selected"] == [len(c.train_indices) for c in result.clients]
 
 
 def test_fedcopl_switches_turn_weights_and_negatives_off(tmp_path):
-    result, row = run_smoke(tmp_path, "--labels.class_weights", "none", "--labels.negatives", "none")
+    result, row = run_smoke(tmp_path, "--labeller", "CoDPL", "--labeller.class_weights", "none", "--labeller.negatives", "none")
     assert result.tuner.class_weights is None and all(v == 0.0 for v in row["loss_neg"])
     assert all(not c.pseudo_labels.mask.any() for c in result.clients)
 
 
 def test_online_negatives_and_client_momentum(tmp_path):
-    result, row = run_smoke(tmp_path, "--labels.negatives", "online", "--optim.optimizer_state", "client")
+    result, row = run_smoke(tmp_path, "--labeller", "CoDPL", "--labeller.negatives", "online", "--optim.optimizer_state", "client")
     assert all(v > 0 for v in row["loss_neg"])
     assert all(c.optimizer_state is not None for c in result.clients)
 
@@ -119,7 +119,7 @@ def test_feature_skew_runs_end_to_end_with_one_domain_per_client(tmp_path):
     for scheme, clients in (("domain", 6), ("domain_dirichlet", 12)):
         run_dir = tmp_path / scheme
         cfg, config_yaml = parse_config([
-            "--config", "tests/tiny.yaml", "--data.name", "domainnet", "--data.root", str(root),
+            "--config", "configs/tiny.yaml", "--dataset", "DomainNet", "--dataset.root", str(root),
             "--federation.partition", scheme, "--federation.num_clients", str(clients),
             "--federation.clients_per_domain", "2", "--federation.beta", "0.5", "--federation.min_train_per_client", "1",
             "--federation.rounds", "1", "--federation.local_epochs", "1", "--run.output_dir", str(run_dir),
@@ -159,9 +159,9 @@ def test_clients_trained_together_equal_one_after_the_other(tmp_path):
     momenta equal up to rounding."""
     runs = {}
     for name, extra in (("one", []), ("three", ["--run.clients_per_step", "3"]),
-                        ("prox-one", ["--method.name", "promptprox"]),
-                        ("prox-two", ["--method.name", "promptprox", "--run.clients_per_step", "2"])):
-        cfg, config_yaml = parse_config(["--config", "tests/tiny.yaml", "--federation.rounds", "2", "--federation.refresh_every", "1",
+                        ("prox-one", ["--method", "PromptProx"]),
+                        ("prox-two", ["--method", "PromptProx", "--run.clients_per_step", "2"])):
+        cfg, config_yaml = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.refresh_every", "1",
                                          "--optim.optimizer_state", "client", "--run.output_dir", str(tmp_path / name), *extra])
         runs[name] = run(cfg, config_yaml)
     for a, b in (("one", "three"), ("prox-one", "prox-two")):

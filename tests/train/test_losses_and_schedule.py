@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from fedur.train.losses import negative_loss, positive_loss
+from fedur.labels.losses import negative_loss, positive_loss
 from fedur.train.module import PromptTuner, cosine_factor
 
 
@@ -35,13 +35,13 @@ def test_cosine_schedule_over_a_refresh_period():
 def test_the_tuners_scheduler_restarts_at_every_refresh(tiny_clip):
     """configure_optimizers gives SGD and its LR scheduler, positioned at the round's first local epoch of its
     pseudo-label period: lr0 (1 + cos(pi e / E)) / 2, e counted from the last refresh (E = 3 rounds x 2 epochs)."""
-    from fedur.config import LabelsConfig, MethodConfig
     from fedur.labels.copl import CoDPL
     from fedur.methods.fedur import FedUR
     from fedur.model.classifier import PromptedCLIP
+    from fedur.train.module import Optimization
 
     model = PromptedCLIP(tiny_clip, ["cat", "dog"], n_ctx=2, visual_tokens=1, visual_depth=1, init_std=0.02, seed=1)
-    tuner = PromptTuner(model, FedUR(MethodConfig()), CoDPL(LabelsConfig()), lr=0.2, local_epochs=2, refresh_every=3)
+    tuner = PromptTuner(model, FedUR(), CoDPL(), Optimization(lr=0.2, local_epochs=2, refresh_every=3))
     lrs = {}
     for round_idx in range(4):
         optimization = tuner.configure_optimizers(round_idx)

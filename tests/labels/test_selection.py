@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fedur.federated.selection import (
+from fedur.labels.selection import (
     allocate,
     budget,
     class_weights,

@@ -1,0 +1,71 @@
+"""A client's own state: its data, its prompts, its pseudo-labels and whatever its method keeps for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedur.labels.base import PseudoLabels
+
+
+class ClientStateError(ValueError):
+    """A saved client state does not fit this run; the message says what changed."""
+
+
+@dataclass
+class ClientState:
+    """Everything that belongs to one client. After aggregation a shared prompt is the same tensor for
+    every client; nothing is ever modified in place, so clients cannot affect each other."""
+
+    client_id: int
+    train_indices: np.ndarray  # into the dataset's train split
+    test_indices: np.ndarray  # into the dataset's test split
+    prompts: dict[str, Tensor]  # the method's prompts it uses, by name ("visual", "text_ctx", ...): the global
+    # aggregate for the shared ones, its own for the others
+    optimizer_state: dict | None = None  # SGD momentum, kept across rounds only with optim.optimizer_state=client
+    pseudo_labels: PseudoLabels | None = None
+    extra: dict[str, Tensor] = field(default_factory=dict)  # the method's per-client state (pFedPrompt's cache)
+
+    # A client's random streams are a pure function of (run.seed, client_id, round) (federated/streams.py):
+    # the round counter in the checkpoint is all they need.
+    def state_dict(self) -> dict:
+        labels = self.pseudo_labels
+        return {
+            "client_id": self.client_id,
+            "train_indices": torch.from_numpy(self.train_indices),
+            "test_indices": torch.from_numpy(self.test_indices),
+            "prompts": {name: t.cpu() for name, t in self.prompts.items()},
+            "optimizer_state": self.optimizer_state,
+            "pseudo_labels": None if labels is None else vars(labels),
+            "extra": {name: t.cpu() for name, t in self.extra.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved state; the data split must be the one it was made with."""
+        for name in ("train_indices", "test_indices"):
+            if not np.array_equal(state[name].numpy(), getattr(self, name)):
+                raise ClientStateError(
+                    f"client {self.client_id}: its {name} differ from the checkpoint's; the dataset or its "
+                    "split changed since the run started (dataset.root contents, fractions, partition)"
+                )
+        if set(state["prompts"]) != set(self.prompts):
+            raise ClientStateError(
+                f"client {self.client_id}: the checkpoint holds prompts {sorted(state['prompts'])}, this method "
+                f"{sorted(self.prompts)}; the method or its share setting changed since the run started"
+            )
+        self.prompts = {name: t.to(self.prompts[name].device) for name, t in state["prompts"].items()}
+        self.optimizer_state = momentum_only(state["optimizer_state"])
+        labels = state["pseudo_labels"]
+        self.pseudo_labels = None if labels is None else PseudoLabels(**labels)
+        self.extra = dict(state["extra"])
+
+
+def momentum_only(optimizer_state: dict | None) -> dict | None:
+    """The per-parameter SGD state of a saved optimizer state (checkpoints before fedur 0.2 hold the whole
+    `optimizer.state_dict()`; its param_groups are the schedule's, not the client's)."""
+    if optimizer_state is not None and "param_groups" in optimizer_state:
+        return optimizer_state["state"]
+    return optimizer_state

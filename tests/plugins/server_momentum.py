@@ -1,0 +1,39 @@
+"""FedUR with server momentum (FedAvgM, Hsu, Qi and Brown 2019, "Measuring the effects of non-identical data
+distribution for federated visual classification"): the server treats the change of each shared prompt as
+a pseudo-gradient and steps along its momentum. A method of a user's own, outside fedur:
+
+    python fedur/main.py --config configs/smoke.yaml --method tests.plugins.server_momentum.ServerMomentum \\
+        --method.momentum 0.5
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedur.methods import FedUR
+
+
+class ServerMomentum(FedUR):
+    """FedUR whose server steps each shared prompt along the momentum of its averaged updates."""
+
+    def __init__(self, server_lr: float = 1.0, momentum: float = 0.9, share: str = "visual") -> None:
+        """
+        Args:
+            server_lr: Server learning rate: the step along the momentum (1 with momentum 0 is FedAvg).
+            momentum: Server momentum beta: v <- beta * v + (global - average).
+            share: The prompts the server averages (FedUR's share setting).
+        """
+        super().__init__(share)
+        self.server_lr, self.momentum = float(server_lr), float(momentum)
+
+    def aggregate(self, uploads: dict[str, Tensor], weights: Tensor, current: dict[str, Tensor],
+                  state: dict[str, Tensor]) -> dict[str, Tensor]:
+        averaged = super().aggregate(uploads, weights, current, state)  # FedAvg: the weighted average
+        out = {}
+        for name, average in averaged.items():
+            delta = current[name] - average  # (*shape) the round's pseudo-gradient
+            velocity = self.momentum * state.get(f"velocity_{name}", torch.zeros_like(delta)) + delta
+            state[f"velocity_{name}"] = velocity  # kept between rounds and checkpointed with the server
+            out[name] = current[name] - self.server_lr * velocity
+        return out
