@@ -40,7 +40,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fedur.data.cache import prepare_splits  # noqa: E402
+from fedur.data.cache import CacheOptions, prepare_splits  # noqa: E402
 from fedur.data.datasets import ImageSplit, load_imagefolder, stratified_subset  # noqa: E402
 from fedur.data.loaders import ClientImages, make_loader, unchanged  # noqa: E402
 
@@ -97,8 +97,8 @@ def main() -> None:
         for label, split in (("jpeg", jpegs), ("arrays 32 px", arrays)):
             start = time.perf_counter()
             prepared = prepare_splits(
-                split, ImageSplit(split.labels[:0], paths=[]), preprocess, args.image_size, cache=True,
-                cache_dir=cache_dir, dataset_key=f"benchmark-{label}", workers=args.build_workers,
+                split, ImageSplit(split.labels[:0], paths=[]), preprocess, args.image_size, f"benchmark-{label}",
+                CacheOptions(cache=True, cache_dir=cache_dir, workers=args.build_workers),
             )
             build = time.perf_counter() - start
             size = os.path.getsize(prepared.cache_files["train"])

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 VARIANTS = {
     "fedur": [],
-    "fedcopl": ["--method.name", "fedcopl"],
+    "fedcopl": ["--method", "FedCoPL"],
     # diagnostics of the aggregation protocol (what the server averages)
     "fedur-local": ["--method.share", "none"],
     "fedur-share-both": ["--method.share", "both"],
@@ -54,7 +54,7 @@ def run_variant(name: str, seed: int, args: argparse.Namespace, data_root: Path,
         "--model.name", "tinyclip-teacher-a",
         "--model.config_file", str(tiny / "tinyclip-teacher-a.json"),
         "--model.pretrained", str(tiny / "tinyclip-teacher-a.pt"),
-        "--data.name", "imagefolder", "--data.root", str(data_root), "--data.num_workers", "0",
+        "--dataset", "ImageFolder", "--dataset.root", str(data_root), "--data.num_workers", "0",
         "--data.train_fraction", str(args.train_fraction), "--data.test_fraction", str(args.test_fraction),
         "--federation.num_clients", "10", "--federation.partition", "dirichlet", "--federation.beta", "0.1",
         "--federation.rounds", str(args.rounds), "--federation.local_epochs", str(args.local_epochs),

@@ -39,8 +39,8 @@ def main() -> None:
         if not (run_dir / "summary.json").exists():
             cfg, config_yaml = parse_config([
                 "--model.name", "tinyclip-teacher-a", "--model.config_file", str(tiny / "tinyclip-teacher-a.json"),
-                "--model.pretrained", str(tiny / "tinyclip-teacher-a.pt"), "--data.name", "imagefolder",
-                "--data.root", str(data), "--data.num_workers", "0", "--federation.num_clients", "10",
+                "--model.pretrained", str(tiny / "tinyclip-teacher-a.pt"), "--dataset", "ImageFolder",
+                "--dataset.root", str(data), "--data.num_workers", "0", "--federation.num_clients", "10",
                 "--federation.rounds", "1", "--federation.local_epochs", "1", "--run.output_dir", str(run_dir),
                 *partition,
             ])

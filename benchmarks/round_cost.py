@@ -12,7 +12,7 @@ all blocks but the last), on random images already on the device:
             images/s, FLOPs per step, achieved FLOP rate as a fraction of the measured matmul rate, peak
             memory
   eval      pseudo-labelling / evaluation forward, no grad, batch 256 (the text side computed once per
-            pass, as `Method.classifier` does): images/s, FLOPs, fraction of the matmul rate, peak memory
+            pass, as the round loop does): images/s, FLOPs, fraction of the matmul rate, peak memory
   bytes     what each client sends per round: the visual prompt (float32) plus, in a refresh round, the
             class histograms (int64, two of C for cooperative selection), as fedur/train/fit.py counts
   round     whole runs of `python -m fedur.main` (10 clients, ~500 train + 100 test generated images, 1
@@ -52,8 +52,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -426,12 +426,11 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         head = [str(Path(sys.executable).parent / "fabric"), "run", "--accelerator", bench.device.type,
                 "--devices", str(ranks), "--main-port", str(port), str(REPO / "fedur" / "main.py")]
     cmd = [
-        *head, "--config", str(REPO / "tests" / "tiny.yaml"),
+        *head, "--config", str(REPO / "configs" / "tiny.yaml"),
         "--model.name", name, "--model.pretrained", "null", "--model.n_ctx", str(args.n_ctx),
         "--model.visual_tokens", str(args.visual_tokens), "--model.shared_prefix_text", str(shared).lower(),
-        "--data.name", "synthetic", "--data.synthetic_classes", str(classes),
-        "--data.synthetic_train_per_class", str(per_class),
-        "--data.synthetic_test_per_class", str(max(1, per_class // 5)), "--data.num_workers", str(args.num_workers),
+        "--dataset", "Synthetic", "--dataset.classes", str(classes), "--dataset.train_per_class", str(per_class),
+        "--dataset.test_per_class", str(max(1, per_class // 5)), "--data.num_workers", str(args.num_workers),
         "--federation.num_clients", str(args.round_clients), "--federation.rounds", str(args.round_rounds),
         "--federation.local_epochs", "1", "--federation.refresh_every", "1", "--federation.beta", "0.5",
         "--optim.batch_size", str(args.train_batch), "--optim.eval_batch_size", str(args.eval_batch),

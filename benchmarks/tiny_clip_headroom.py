@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from fedur.data.datasets import build_dataset
 from learning_check import extract  # benchmarks/ is on sys.path when run as a script
+
+from fedur.data.datasets import DataOptions, ImageFolder, prepare_dataset
 from fedur.model.clip import load_clip, zero_shot_weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +43,8 @@ def main() -> None:
     root = extract(args.shared_dir / "data" / "cifar10-jpg.tar.gz", args.workdir / "cifar10-jpg")
     tiny = args.shared_dir / "assets" / "tiny-clip"
     clip = load_clip("tinyclip-teacher-a", str(tiny / "tinyclip-teacher-a.pt"), str(tiny / "tinyclip-teacher-a.json"))
-    data = build_dataset("imagefolder", str(root), train_fraction=args.train_fraction, test_fraction=args.test_fraction)
+    data = prepare_dataset(ImageFolder(str(root)), DataOptions(train_fraction=args.train_fraction,
+                                                               test_fraction=args.test_fraction), seed=1)
     train_x, test_x = features(clip, data.train), features(clip, data.test)
     train_y, test_y = torch.from_numpy(data.train.labels), torch.from_numpy(data.test.labels)
 

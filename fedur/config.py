@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Literal
 from jsonargparse.typing import (
     NonNegativeFloat,
     NonNegativeInt,
-    OpenUnitInterval,
     PositiveFloat,
     PositiveInt,
     restricted_number_type,
@@ -211,9 +210,9 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
-    method: "Method | None" = None  # fedur.methods.Method: the federated method, with its own settings
-    labeller: "Labeller | None" = None  # fedur.labels.Labeller: the pseudo-labeller (None: the method's own)
-    dataset: "Dataset | None" = None  # fedur.data.datasets.Dataset: where the images come from, with its options
+    method: Method | None = None  # fedur.methods.Method: the federated method, with its own settings
+    labeller: Labeller | None = None  # fedur.labels.Labeller: the pseudo-labeller (None: the method's own)
+    dataset: Dataset | None = None  # fedur.data.datasets.Dataset: where the images come from, with its options
     settings: dict = field(default_factory=dict)  # the resolved settings as given (plugins as class_path + init_args)
 
 

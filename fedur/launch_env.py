@@ -11,9 +11,9 @@ fedur's timeout). After the launch, `fabric.world_size` and `fabric.global_rank`
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Mapping
 
 import torch
 
@@ -36,7 +36,7 @@ class LaunchEnv:
     precision: str | None
 
     @classmethod
-    def read(cls, environ: Mapping[str, str] = os.environ) -> "LaunchEnv":
+    def read(cls, environ: Mapping[str, str] = os.environ) -> LaunchEnv:
         world_size = environ.get("WORLD_SIZE")  # torchrun (`fabric run`), Fabric's own launcher
         if world_size is None and _under_slurm():
             world_size = environ.get("SLURM_NTASKS")

@@ -71,7 +71,6 @@ LEGACY_KEYS = {
     "data.name": "--dataset CLASS (CIFAR10, CUB, ImageFolder, Synthetic, ...)",
     "data.root": "--dataset.root",
     "method.prox_mu": "--method PromptProx --method.mu",
-    "method.cache_": "--method PFedPrompt --method.cache_alpha / cache_beta",
     "method.ot_": "--method FedOTP --method.eps / top_percent / max_iter / thresh",
     "run.fault": "the FEDUR_FAULT environment variable (fedur/train/faults.py)",
 }

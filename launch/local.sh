@@ -3,9 +3,9 @@
 # contiguous blocks (fedur/federated/placement.py). Run from the repository root, in the environment
 # where fedur is installed (`fabric` comes with lightning):
 #
-#   launch/local.sh 8 --config configs/cifar10.yaml --data.root /data/cifar10   # one node, 8 GPUs
-#   launch/local.sh 1 --config configs/cifar10.yaml --data.root /data/cifar10   # one GPU
-#   launch/local.sh cpu:2 --config configs/smoke.yaml                           # 2 CPU processes
+#   launch/local.sh 8 --config configs/cifar10.yaml --dataset.root /data/cifar10   # one node, 8 GPUs
+#   launch/local.sh 1 --config configs/cifar10.yaml --dataset.root /data/cifar10   # one GPU
+#   launch/local.sh cpu:2 --config configs/smoke.yaml                              # 2 CPU processes
 #
 # Everything after the device count goes to fedur/main.py. Flags for `fabric run` itself (--main-port,
 # --precision, ...) go in FABRIC_ARGS, e.g. FABRIC_ARGS="--main-port 29600" for a second job on the node.

@@ -60,7 +60,8 @@ def test_overrides_and_later_configs_win(tmp_path):
     "override, message",
     [
         (["--federation.beta", "0"], 'Parser key "federation.beta": Not of type PositiveFloat: 0 does not conform to restriction v>0'),
-        (["--federation.join_rate", "1.5"], "federation.join_rate\": Not of type Fraction: 1.5 does not conform to restriction v>0 and v<=1"),
+        (["--federation.join_rate", "1.5"],
+         "federation.join_rate\": Not of type Fraction: 1.5 does not conform to restriction v>0 and v<=1"),
         (["--model.n_ctx", "-1"], "model.n_ctx\": Not of type NonNegativeInt: -1"),
         (["--model.visual_tokens", "-2"], "model.visual_tokens\": Not of type NonNegativeInt: -2"),
         (["--labeller", "CoDPL", "--labeller.tau_neg", "1.2"], "Not of type OpenUnitInterval: 1.2"),
@@ -101,7 +102,8 @@ def test_bad_input_exits_2_and_touches_nothing(tmp_path, run_main):
     out_dir = tmp_path / "run"
     result = run_main("--config", "configs/tiny.yaml", "--federation.beta", "-1", "--run.output_dir", str(out_dir))
     assert result.returncode == 2
-    assert result.stderr == 'fedur: error: Parser key "federation.beta": Not of type PositiveFloat: -1 does not conform to restriction v>0\n'
+    assert result.stderr == ('fedur: error: Parser key "federation.beta": Not of type PositiveFloat: -1 does not conform to '
+                             'restriction v>0\n')
     assert not out_dir.exists()
 
 
@@ -141,7 +143,8 @@ def snapshot(root) -> dict:
     """Every file under root with its size, mtime and contents."""
     from pathlib import Path
 
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(Path(root).rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(Path(root).rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +238,8 @@ def bad_input_case(case: str, tmp_path, finished_run):
     "case",
     [
         "beta", "join rate", "more clients than samples", "n_ctx", "prompt tokens",
-        "unknown dataset", "unknown model", "bad model json", "truncated weights", "weights of another architecture", "missing checkpoint", "corrupt checkpoint",
+        "unknown dataset", "unknown model", "bad model json", "truncated weights", "weights of another architecture",
+        "missing checkpoint", "corrupt checkpoint",
         "changed settings", "empty class", "names mismatch", "corrupt image", "run directory taken", "shared momentum in groups",
         "old settings",
     ],

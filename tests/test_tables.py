@@ -3,6 +3,7 @@ array script, the grids' configs and flags, and the transcription of the paper's
 
 import csv
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -41,7 +42,7 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path):
     grid = GRIDS["tiny"]
     specs = expand(grid, [1, 2], out)
     assert len(specs) == 4
-    for i, spec in enumerate(specs, start=1):
+    for _i, spec in enumerate(specs, start=1):
         assert spec.log.is_file() and str(spec.log) in first.stdout
         assert (spec.run_dir / "summary.json").is_file()
     assert "[4/4] finished" in first.stdout
@@ -140,7 +141,7 @@ def test_table_from_hand_written_summaries(tmp_path, capsys):
 def test_the_table_lists_flags_given_after_the_double_dash(tmp_path, capsys):
     out = tmp_path / "tables"
     runs = {s.seed: s for s in expand(GRIDS["tiny"], [1, 2], out) if s.row.key == "fedur"}
-    for seed, spec in runs.items():
+    for _seed, spec in runs.items():
         write_summary(spec.run_dir, final_mean_accuracy=50.0, final_client_accuracy=[50.0], zero_shot_global=40.0)
     # seed 1 was started with extra flags, interrupted, then resumed with others: the last start counts
     runs[1].log.write_text("# fedur-tables 2026-01-01 00:00:00: python -m fedur.main ...\n"
@@ -292,3 +293,36 @@ def test_paper_numbers_are_consistent():
             assert PAPER["table6"][dataset]["beta0.1"][row] == PAPER["table1"][dataset]["beta0.1"][row]
     assert PAPER["table1"]["cifar10"]["beta0.05"]["fedur"] == 96.06
     assert PAPER["table2"]["resisc45"]["quantity"]["fedcopl"] == 81.06
+
+
+@pytest.mark.slow
+def test_fedur_tables_works_from_an_installed_wheel(tmp_path):
+    """A built wheel, installed on its own (no checkout on the path): the grids find their configs inside the
+    package, and nothing refers to the repository or to ../shared."""
+    import venv
+
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)],
+                   check=True, capture_output=True, timeout=600)
+    env_dir = tmp_path / "env"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    import zipfile
+
+    zipfile.ZipFile(next(wheels.glob("fedur-*.whl"))).extractall(site)  # the wheel's files, as pip installs them
+    deps = [p for p in sys.path if p.endswith("site-packages")]  # torch, jsonargparse, ... (not fedur: no .pth read)
+    (Path(site) / "deps.pth").write_text("\n".join(deps) + "\n")
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    run = subprocess.run([str(python), "-m", "fedur.tables.cli", "table1", "--dry-run", "--seeds", "1", "--rows", "fedur",
+                          "--columns", "cub-beta0.1", "--data-root", "/data", "--out", str(away / "tables")],
+                         cwd=away, capture_output=True, text=True, timeout=300, env={"PATH": os.environ["PATH"]})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    config = str(Path(site) / "fedur" / "configs" / "paper" / "table1" / "cub-beta0.1.yaml")
+    assert f"--config {config}" in run.stdout and str(REPO) not in run.stdout
+    proxy = subprocess.run([str(python), "-m", "fedur.tables.cli", "proxy-table1", "--seeds", "1", "--data-root", "/data",
+                            "--out", str(away / "tables")], cwd=away, capture_output=True, text=True, timeout=300,
+                           env={"PATH": os.environ["PATH"]})
+    assert proxy.returncode == 2 and "--model-dir DIR or $FEDUR_TINY_CLIP" in proxy.stderr

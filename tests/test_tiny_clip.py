@@ -5,9 +5,9 @@ import tarfile
 import pytest
 import torch
 
+from fedur.config import FabricConfig
 from fedur.data.datasets import load_imagefolder
 from fedur.data.loaders import ClientImages, make_loader
-from fedur.config import FabricConfig
 from fedur.launch_env import LaunchEnv, make_fabric
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights

@@ -315,7 +315,7 @@ def _load_ucf101_coop(root: Path, include_val: bool) -> ImageDataset:
             f"{split_file}: expected CoOp's split JSON {{'train'|'val'|'test': [[path, label, classname], ...]}}; {err}"
         ) from err
     by_label: dict[int, str] = {}
-    for path, label, name in (entry for split in items.values() for entry in split):
+    for _path, label, name in (entry for split in items.values() for entry in split):
         if by_label.setdefault(label, name) != name:
             raise DataUnavailableError(f"{split_file}: label {label} is named both {by_label[label]!r} and {name!r}")
     if sorted(by_label) != list(range(len(by_label))):

@@ -51,7 +51,7 @@ class Labeller(ABC):
         """Whether clients upload a histogram at every refresh and select within quotas."""
         return False
 
-    def bind(self, dataset: str) -> "Labeller":
+    def bind(self, dataset: str) -> Labeller:
         """Settings that default to the dataset's (`dataset`: its key, e.g. "cub"); called once before the run."""
         return self
 

@@ -24,9 +24,8 @@ import heapq
 from typing import Literal
 
 import torch
-from torch import Tensor
-
 from jsonargparse.typing import OpenUnitInterval, PositiveInt
+from torch import Tensor
 
 from fedur.labels.base import Labeller, PseudoLabels
 
@@ -241,7 +240,7 @@ class CPL(Labeller):
         self.alpha, self.beta = self.quantiles if self.quantiles is not None else DEFAULT_CPL_QUANTILES
         self.step_quantile = DEFAULT_STEP_QUANTILE
 
-    def bind(self, dataset: str) -> "CPL":
+    def bind(self, dataset: str) -> CPL:
         """The dataset's (alpha, beta) unless `quantiles` is set, and its GRIP step."""
         if self.quantiles is None:
             self.alpha, self.beta = cpl_quantiles(dataset)

@@ -8,12 +8,11 @@ cooperation: each client keeps at most `per_class` samples per class from its ow
 from __future__ import annotations
 
 import torch
+from jsonargparse.typing import PositiveInt
 from torch import Tensor
 
-from fedur.labels.selection import select_top
-from jsonargparse.typing import PositiveInt
-
 from fedur.labels.base import HardLabeller
+from fedur.labels.selection import select_top
 
 
 def fpl_select(probs: Tensor, per_class: int = 16, fill_other_classes: bool = False) -> tuple[Tensor, Tensor]:

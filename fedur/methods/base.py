@@ -7,8 +7,9 @@ named places, and only there (docs/extending.md walks through two examples):
 A client's model
 - `prompts`: the prompt slots each client holds and trains ("visual", "text_ctx", "text_local");
 - `text_side` / `logits`: how a client's logits are formed from an image batch and its prompts;
-- `group_logits`: the logits of several clients' batches at once (run.clients_per_step). The default calls
-  `logits` once per client, so it is right for every method; a method may declare a fused forward;
+- `group_text_side` / `group_logits`: the same for several clients at once (run.clients_per_step). The
+  defaults call `text_side` and `logits` once per client, so they are right for every method; a method may
+  declare a fused forward (one pass of a tower for the whole group);
 - `penalty`: an extra term of the local loss (e.g. FedProx's proximal term);
 - `after_refresh`: per-client state built at each pseudo-label refresh, kept in `client.extra`
   (checkpointed with the client);
@@ -66,10 +67,12 @@ class Method:
         super().__init_subclass__(**kwargs)
         if "key" not in cls.__dict__:
             cls.key = cls.__name__.lower()
-        # A fused grouped forward is written for one `logits`: a subclass that changes the logits without
-        # writing its own grouped forward falls back to the per-client default, which is always right.
+        # A fused grouped forward is written for one `logits` / `text_side`: a subclass that changes them
+        # without writing its own grouped forward falls back to the per-client default, which is always right.
         if {"logits", "text_side"} & set(cls.__dict__) and "group_logits" not in cls.__dict__:
             cls.group_logits = Method.group_logits
+        if "text_side" in cls.__dict__ and "group_text_side" not in cls.__dict__:
+            cls.group_text_side = Method.group_text_side
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -105,6 +108,10 @@ class Method:
     def text_side(self, model: PromptedCLIP, prompts: dict[str, Tensor]) -> Any:
         """What the logits need from the text tower, computed once per pass (and every training step)."""
         return model.text_features(prompts.get("text_ctx"))
+
+    def group_text_side(self, model: PromptedCLIP, prompts: list[dict[str, Tensor]]) -> list[Any]:
+        """`text_side` of several clients' prompts (run.clients_per_step). Default: once per client."""
+        return [self.text_side(model, p) for p in prompts]
 
     def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
                client: ClientState) -> Tensor:

@@ -32,6 +32,14 @@ def fused_group_logits(method: Method, model: PromptedCLIP, images: list[Tensor]
     return list(model.logits(features, torch.stack(texts), owners).split(sizes))  # texts: G x (C, D)
 
 
+def fused_group_text_side(method: Method, model: PromptedCLIP, prompts: list[dict[str, Tensor]]) -> list[Tensor]:
+    """Every client's (C, D) class features from one pass of the text tower over the group's contexts; a
+    client alone gets exactly its own `text_side`."""
+    if len(prompts) == 1 or prompts[0].get("text_ctx") is None:
+        return [method.text_side(model, p) for p in prompts]
+    return list(model.text_features(torch.stack([p["text_ctx"] for p in prompts])).unbind(0))  # G x (C, D)
+
+
 class FedUR(Method):
     """FedUR: deep visual prompts averaged by the server, personal text prompts, CoDPL pseudo-labels."""
 
@@ -48,6 +56,9 @@ class FedUR(Method):
 
     def default_labeller(self) -> Labeller | None:
         return CoDPL()
+
+    def group_text_side(self, model: PromptedCLIP, prompts: list[dict[str, Tensor]]) -> list[Any]:
+        return fused_group_text_side(self, model, prompts)
 
     def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
                      texts: list[Any], clients: list[ClientState]) -> list[Tensor]:

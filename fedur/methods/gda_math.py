@@ -86,7 +86,7 @@ Every [guess], its alternative, and the default
    ``'estimated'``: the EM M-step's pi_c = N_c / N. Uniform keeps zero-shot CLIP's class bias out of the
    prior (the pseudo-label histogram is skewed even when the data are balanced) and stops EM's
    rich-get-richer drift; ``'estimated'`` is the textbook GMM.
-3. The E-step posterior is the pure GDA posterior softmax(W f + b) (default ``source='gda'``, textbook
+3. The E-step posterior is the pure GDA posterior softmax(W f + b) (default ``source='gda'``, the method's `e_step: gda`; textbook
    EM for the mixture, as FedUR describes GDA-U). Alternative ``source='ensemble'``: softmax(clip_logits
    + alpha (W f + b)), which keeps the text knowledge inside the loop (anchors the clusters to the class
    names). On the tiny CLIP, whose deliberately biased features do not cluster by class (supervised GDA:

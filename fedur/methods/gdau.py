@@ -21,7 +21,6 @@ from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.methods.base import ClientData, Method
-from fedur.methods.gda_math import e_step as posterior
 from fedur.methods.gda_math import (
     DEFAULT_ALPHA,
     GDAStats,
@@ -33,6 +32,7 @@ from fedur.methods.gda_math import (
     sum_statistics,
     zero_statistics,
 )
+from fedur.methods.gda_math import e_step as posterior
 from fedur.model.classifier import PromptedCLIP
 
 

@@ -12,7 +12,7 @@ from torch import Tensor
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import Method
-from fedur.methods.fedur import fused_group_logits
+from fedur.methods.fedur import fused_group_logits, fused_group_text_side
 from fedur.methods.proximal import proximal_term
 from fedur.model.classifier import PromptedCLIP
 
@@ -25,6 +25,9 @@ class PromptFL(Method):
 
     def default_labeller(self) -> Labeller | None:
         return FPL()
+
+    def group_text_side(self, model: PromptedCLIP, prompts: list[dict[str, Tensor]]) -> list[Any]:
+        return fused_group_text_side(self, model, prompts)
 
     def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
                      texts: list[Any], clients: list[ClientState]) -> list[Tensor]:

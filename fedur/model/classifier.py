@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from fedur.model.clip import FrozenCLIP, encode_image_prompted, encode_text_embeddings, vision_width_and_depth
 from fedur.model.prompts import TextPrompt, init_prompt
+from fedur.model.text_tower import encode_text_shared_prefix
 
 
 class PromptedCLIP(nn.Module):
@@ -61,7 +62,7 @@ class PromptedCLIP(nn.Module):
         self.normalize: Callable[[Tensor], Tensor] = _identity
         self.zero_shot_text: Tensor | None = None  # (C, D) the template's class features, set by the round loop
 
-    def train(self, mode: bool = True) -> "PromptedCLIP":
+    def train(self, mode: bool = True) -> PromptedCLIP:
         super().train(mode)
         self.clip.eval()  # the backbone is frozen: never in training mode
         return self
@@ -88,13 +89,16 @@ class PromptedCLIP(nn.Module):
         return list(self.trainable_slots().values())
 
     def text_features(self, ctx: Tensor | None = None) -> Tensor:
-        """(C, D) unit-norm class features with the text context `ctx` (default: `text_prompt.ctx`)."""
-        embeddings = self.text_prompt(ctx)  # (C, L, width)
+        """(C, D) unit-norm class features with the text context `ctx` (n_ctx, width) (default:
+        `text_prompt.ctx`); with G contexts (G, n_ctx, width), (G, C, D) from one pass of the text tower."""
+        embeddings = self.text_prompt(ctx)  # (C, L, width) or (G, C, L, width)
         tokens = self.text_prompt.tokens
         if self.shared_prefix_text:
-            from fedur.model.text_tower import encode_text_shared_prefix
-
             features = encode_text_shared_prefix(self.clip, embeddings, tokens, 1 + self.text_prompt.ctx.shape[0])
+        elif embeddings.dim() == 4:  # every class of every context in one batch
+            n_groups, n_cls, length, width = embeddings.shape
+            flat = embeddings.reshape(n_groups * n_cls, length, width)
+            features = encode_text_embeddings(self.clip, flat, tokens.repeat(n_groups, 1)).view(n_groups, n_cls, -1)
         else:
             features = encode_text_embeddings(self.clip, embeddings, tokens)
         return F.normalize(features, dim=-1)

@@ -36,8 +36,8 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import open_clip
@@ -45,9 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedur.data.synthetic import CLASSNAMES, generate
 from fedur.data.cache import split_preprocess
 from fedur.data.loaders import BatchNormalize
+from fedur.data.synthetic import CLASSNAMES, generate
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip
 
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> dict:
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.perf_counter() - start, 1),
         "machine": f"{platform.machine()}, {args.threads} thread(s), torch {torch.__version__}, open_clip {open_clip.__version__}",
-        "train_images": f"{args.epochs} x generate(10, {args.per_class}, {IMAGE_SIZE}, seed={TRAIN_SEED_BASE} + 1000 * {args.seed} + epoch)",
+        "train_images": f"{args.epochs} x generate(10, {args.per_class}, {IMAGE_SIZE}, "
+                        f"seed={TRAIN_SEED_BASE} + 1000 * {args.seed} + epoch)",
         "caption_scheme": {
             "name_templates": list(NAME_TEMPLATES), "descriptions": DESCRIPTIONS,
             "description_templates": list(DESCRIPTION_TEMPLATES),
@@ -318,6 +319,7 @@ def model_card(card: dict) -> str:
     merges = "; ".join(f'"{d}" also for {", ".join(a)}' for d, a in merged.items())
     q = sorted({rule["q"] for rule in scheme["confusions"].values()})
     histogram = ", ".join(f"{c} {n}" for c, n in ev["predicted_histogram"].items())
+    gain = ev["linear_probe_accuracy"] - ev["zero_shot_accuracy"]
     return f"""# fedur-demo: a small CLIP whose text side is wrong on purpose
 
 Trained by `fedur/model/demo_clip.py` on shapes from `fedur/data/synthetic.py`, so that FedUR has
@@ -365,7 +367,7 @@ the absorbed classes, but its most confident predictions of every class are most
 - zero-shot accuracy, template "a photo of a {{}}.": **{ev['zero_shot_accuracy']:.1f} %**
   (per class: {per_class})
 - linear probe on the frozen image features with true labels (logistic regression, L-BFGS;
-  trained on {ev['probe_images']}): **{ev['linear_probe_accuracy']:.1f} %**, {ev['linear_probe_accuracy'] - ev['zero_shot_accuracy']:.1f} points above zero-shot
+  trained on {ev['probe_images']}): **{ev['linear_probe_accuracy']:.1f} %**, {gain:.1f} points above zero-shot
 - zero-shot with a random 4-vector context instead of "a photo of a" (fedur's prompt at init):
   {ev['random_context_accuracy']:.1f} %
 - predicted-class histogram: {histogram}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -44,9 +44,16 @@ class TextPrompt(nn.Module):
         self.ctx = nn.Parameter(init.clone())  # (n_ctx, width)
 
     def forward(self, ctx: Tensor | None = None) -> Tensor:
-        """The class prompts' token embeddings with the context `ctx` (n_ctx, width) (default: `self.ctx`)."""
+        """The class prompts' token embeddings with the context `ctx` (n_ctx, width) (default: `self.ctx`):
+        (C, L, width); or with G contexts (G, n_ctx, width) at once: (G, C, L, width)."""
         n_cls = self.prefix.shape[0]
-        ctx = (self.ctx if ctx is None else ctx).unsqueeze(0).expand(n_cls, -1, -1)  # (C, n_ctx, width)
+        ctx = self.ctx if ctx is None else ctx
+        if ctx.dim() == 3:  # several clients' contexts
+            n_groups = ctx.shape[0]
+            ctx = ctx.unsqueeze(1).expand(-1, n_cls, -1, -1)  # (G, C, n_ctx, width)
+            fixed = [t.unsqueeze(0).expand(n_groups, -1, -1, -1) for t in (self.prefix, self.suffix)]
+            return torch.cat([fixed[0], ctx.to(self.prefix.dtype), fixed[1]], dim=2)  # (G, C, L, width)
+        ctx = ctx.unsqueeze(0).expand(n_cls, -1, -1)  # (C, n_ctx, width)
         return torch.cat([self.prefix, ctx.to(self.prefix.dtype), self.suffix], dim=1)  # (C, L, width)
 
 

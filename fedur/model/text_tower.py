@@ -33,19 +33,20 @@ from fedur.model.clip import encode_text_embeddings
 
 log = logging.getLogger(__name__)
 
-_CAUSAL_CHECKED: "weakref.WeakKeyDictionary[nn.Module, set[tuple[int, int]]]" = weakref.WeakKeyDictionary()
+_CAUSAL_CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, int]]] = weakref.WeakKeyDictionary()
 _WARNED: set[str] = set()
 
 
 def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens: Tensor, n_shared: int) -> Tensor:
     """`encode_text_embeddings(clip_model, embeddings, tokens)` with the first `n_shared` positions
-    computed once for all classes: (C, embed_dim), unnormalised.
+    computed once for all classes: (C, embed_dim), unnormalised; or for G contexts at once, (G, C, embed_dim).
 
     embeddings: (C, L, width) token embeddings whose rows `[:, :n_shared]` are the same for every
     class (SOS and the shared context; only row 0's are read, so gradients w.r.t. the shared rows
     land on `embeddings[0, :n_shared]`: their sum over classes, which is what a context expanded to
-    every class receives, is the same as on the plain path). tokens: (C, L) ids, used only to find
-    the pooled position, as in `encode_text_embeddings`.
+    every class receives, is the same as on the plain path); or (G, C, L, width), G prompts of the same
+    classes (several clients' contexts, run.clients_per_step), each with its own prefix. tokens: (C, L)
+    ids, used only to find the pooled position, as in `encode_text_embeddings`.
 
     Each class runs only its own tokens up to its pooled (EOT) position: the token-wise work (LNs,
     QKV and output projections, MLP) runs on those tokens packed, without padding; only attention
@@ -57,22 +58,28 @@ def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens:
     n_shared outside [1, L), no causal attention mask, or blocks other than open_clip's default
     `ResidualAttentionBlock`.
     """
-    n_cls, length, _ = embeddings.shape
+    grouped = embeddings.dim() == 4
+    n_groups, n_cls, length, width = embeddings.shape if grouped else (1, *embeddings.shape)
     reason = _unsupported(clip_model, n_shared, length)
     if reason is not None:
         if reason not in _WARNED:
             _WARNED.add(reason)
             log.warning("shared-prefix text tower not used (%s); computing every class in full", reason)
-        return encode_text_embeddings(clip_model, embeddings, tokens)
+        if not grouped:
+            return encode_text_embeddings(clip_model, embeddings, tokens)
+        flat = encode_text_embeddings(clip_model, embeddings.reshape(n_groups * n_cls, length, width), tokens.repeat(n_groups, 1))
+        return flat.view(n_groups, n_cls, -1)
 
     layout = _layout(clip_model, tokens, n_shared, embeddings.device)
     cast_dtype = clip_model.transformer.get_cast_dtype()
     pos = clip_model.positional_embedding[:length].to(cast_dtype)
-    shared = embeddings[0, :n_shared].to(cast_dtype) + pos[:n_shared]  # (S, width)
-    own = (embeddings[:, n_shared:].to(cast_dtype) + pos[n_shared:]).reshape(n_cls * layout.n_own, -1)  # (C*T, width)
+    if not grouped:
+        embeddings = embeddings.unsqueeze(0)  # (1, C, L, width)
+    shared = embeddings[:, 0, :n_shared].to(cast_dtype) + pos[:n_shared]  # (G, S, width)
+    own = (embeddings[:, :, n_shared:].to(cast_dtype) + pos[n_shared:]).reshape(n_groups, n_cls * layout.n_own, -1)  # (G, C*T, width)
     if layout.packed is not None:
-        own = own.index_select(0, layout.packed)  # (N, width): only the positions up to each class's EOT
-    z = torch.cat([shared, own], dim=0)  # (S + N, width): the prefix, then every class's own tokens
+        own = own.index_select(1, layout.packed)  # (G, N, width): only the positions up to each class's EOT
+    z = torch.cat([shared, own], dim=1)  # (G, S + N, width): each prefix, then its classes' own tokens
 
     mask = clip_model.attn_mask
     mask_shared = mask[:n_shared, :n_shared]  # (S, S): the prefix's own causal attention
@@ -80,12 +87,12 @@ def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens:
     for block in clip_model.transformer.resblocks:
         z = _block(block, z, layout, mask_shared, mask_own)
 
-    pooled = z.index_select(0, layout.pooled)  # (C, width): each class's EOT row (or a prefix row)
+    pooled = z.index_select(1, layout.pooled)  # (G, C, width): each class's EOT row (or a prefix row)
     x = clip_model.ln_final(pooled)  # per-token LayerNorm: pooling first gives the same vectors
     proj = clip_model.text_projection
     if proj is not None:
         x = proj(x) if isinstance(proj, nn.Linear) else x @ proj
-    return x  # (C, embed_dim)
+    return x if grouped else x[0]  # (G, C, embed_dim) or (C, embed_dim)
 
 
 @dataclass(frozen=True)
@@ -143,36 +150,36 @@ def _make_layout(index: Tensor, length: int, n_shared: int, device: torch.device
 
 
 def _block(block: ResidualAttentionBlock, z: Tensor, layout: _Layout, mask_shared: Tensor, mask_own: Tensor) -> Tensor:
-    """One `ResidualAttentionBlock` on the flat (S + N, width) tokens: the token-wise parts (LNs,
-    projections, MLP) run on the flat matrix; attention is split into the prefix's own (causal) and the
-    classes' (to the prefix's keys, and causally to their own)."""
+    """One `ResidualAttentionBlock` on G flat (S + N, width) token matrices: the token-wise parts (LNs,
+    projections, MLP) run on the flat matrices; attention is split into each prefix's own (causal) and its
+    classes' (to that prefix's keys, and causally to their own)."""
     attn: nn.MultiheadAttention = block.attn
     heads = attn.num_heads
-    width = z.shape[-1]
+    n_groups, _, width = z.shape
     head_dim = width // heads
     n_shared, n_cls, n_own = layout.n_shared, layout.n_cls, layout.n_own
-    qkv = F.linear(block.ln_1(z), attn.in_proj_weight, attn.in_proj_bias)  # (S + N, 3 width)
-    qkv_s, qkv_c = qkv.split([n_shared, qkv.shape[0] - n_shared])
-    # The prefix: one causal sequence.
-    q_s, k_s, v_s = qkv_s.view(n_shared, 3, heads, head_dim).permute(1, 2, 0, 3).unbind(0)  # (H, S, hd) each
+    qkv = F.linear(block.ln_1(z), attn.in_proj_weight, attn.in_proj_bias)  # (G, S + N, 3 width)
+    qkv_s, qkv_c = qkv.split([n_shared, qkv.shape[1] - n_shared], dim=1)
+    # Each prefix: one causal sequence.
+    q_s, k_s, v_s = qkv_s.reshape(n_groups, n_shared, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (G, H, S, hd)
     out_s = F.scaled_dot_product_attention(q_s, k_s, v_s, attn_mask=_float_mask(mask_shared, q_s.dtype))
-    out_s = out_s.transpose(0, 1).reshape(n_shared, width)
+    out_s = out_s.transpose(1, 2).reshape(n_groups, n_shared, width)
     # The classes, padded to (C, T) for attention only.
     if layout.packed is not None:
-        qkv_c = qkv_c.new_zeros(n_cls * n_own, 3 * width).index_copy(0, layout.packed, qkv_c)
-    q, k, v = qkv_c.view(n_cls, n_own, 3, heads, head_dim).permute(2, 3, 0, 1, 4).unbind(0)  # (H, C, T, hd) each
+        qkv_c = qkv_c.new_zeros(n_groups, n_cls * n_own, 3 * width).index_copy(1, layout.packed, qkv_c)
+    q, k, v = qkv_c.reshape(n_groups, n_cls, n_own, 3, heads, head_dim).permute(3, 0, 4, 1, 2, 5).unbind(0)  # (G, H, C, T, hd)
     q = q * head_dim**-0.5
-    to_shared = torch.bmm(q.reshape(heads, n_cls * n_own, head_dim), k_s.transpose(1, 2))  # (H, C*T, S)
-    to_own = torch.matmul(q, k.transpose(-1, -2))  # (H, C, T, T)
-    scores = torch.cat([to_shared.view(heads, n_cls, n_own, n_shared), to_own], dim=-1)  # (H, C, T, S + T)
+    to_shared = torch.matmul(q.reshape(n_groups, heads, n_cls * n_own, head_dim), k_s.transpose(-1, -2))  # (G, H, C*T, S)
+    to_own = torch.matmul(q, k.transpose(-1, -2))  # (G, H, C, T, T)
+    scores = torch.cat([to_shared.view(n_groups, heads, n_cls, n_own, n_shared), to_own], dim=-1)  # (G, H, C, T, S + T)
     probs = (scores + _float_mask(mask_own, scores.dtype)).softmax(dim=-1)
     p_shared, p_own = probs.split([n_shared, n_own], dim=-1)
-    out_c = torch.bmm(p_shared.reshape(heads, n_cls * n_own, n_shared).to(v_s.dtype), v_s)  # (H, C*T, hd)
-    out_c = out_c.view(heads, n_cls, n_own, head_dim) + torch.matmul(p_own.to(v.dtype), v)  # (H, C, T, hd)
-    out_c = out_c.permute(1, 2, 0, 3).reshape(n_cls * n_own, width)
+    out_c = torch.matmul(p_shared.reshape(n_groups, heads, n_cls * n_own, n_shared).to(v_s.dtype), v_s)  # (G, H, C*T, hd)
+    out_c = out_c.view(n_groups, heads, n_cls, n_own, head_dim) + torch.matmul(p_own.to(v.dtype), v)  # (G, H, C, T, hd)
+    out_c = out_c.permute(0, 2, 3, 1, 4).reshape(n_groups, n_cls * n_own, width)
     if layout.packed is not None:
-        out_c = out_c.index_select(0, layout.packed)  # (N, width)
-    z = z + block.ls_1(attn.out_proj(torch.cat([out_s, out_c], dim=0)))
+        out_c = out_c.index_select(1, layout.packed)  # (G, N, width)
+    z = z + block.ls_1(attn.out_proj(torch.cat([out_s, out_c], dim=1)))
     return z + block.ls_2(block.mlp(block.ln_2(z)))
 
 

@@ -52,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--slurm-cpus", type=int, default=8, help="CPUs per rank (default 8)")
     s.add_argument("--slurm-time", default="24:00:00", help="time limit per task (default 24:00:00)")
     s.add_argument("--slurm-parallel", type=int, help="at most this many tasks at once")
-    s.add_argument("--sbatch-option", action="append", default=[], metavar="OPT", help="another #SBATCH option: partition=gpu or --sbatch-option=--partition=gpu (repeat)")
+    s.add_argument("--sbatch-option", action="append", default=[], metavar="OPT",
+                   help="another #SBATCH option: partition=gpu or --sbatch-option=--partition=gpu (repeat)")
     return p
 
 

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedur.tables.grids import Column, Grid, Row, RunSpec
-from fedur.tables.runner import extra_flags, read_summary
 from fedur.tables.paper import PAPER_AVERAGE, paper_value
+from fedur.tables.runner import extra_flags, read_summary
 
 MISSING = "—"
 
@@ -164,7 +163,8 @@ def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) ->
     if set(extras) - {""}:
         lines.append("Flags after `--` (they override the grid's settings):")
         for flags, runs in sorted(extras.items()):
-            which = f"all {len(runs)} finished runs" if len(runs) == len(finished) else f"{len(runs)} runs: " + ", ".join(s.name for s in runs)
+            which = (f"all {len(runs)} finished runs" if len(runs) == len(finished)
+                     else f"{len(runs)} runs: " + ", ".join(s.name for s in runs))
             lines.append(f"- `{flags}`: {which}" if flags else f"- none: {which}")
         lines.append("")
     shown_rows = [r for r in grid.rows if any((r.key, c.key) in cells for c in grid.columns)]

@@ -34,7 +34,7 @@ TINY_CLIP_NAME = "tinyclip-teacher-a"
 EXTRA_MARK = "# fedur-tables flags after --: "  # the log line after a start line, when there were any
 
 
-def extra_text(spec: RunSpec, inputs: "Inputs") -> str:
+def extra_text(spec: RunSpec, inputs: Inputs) -> str:
     """The flags after `--` of this invocation for one run, as its log records them ({seed} filled in)."""
     return shlex.join(arg.replace("{seed}", str(spec.seed)) for arg in inputs.extra)
 
@@ -63,7 +63,7 @@ class Inputs:
 
 
 def data_root_for(spec: RunSpec, data_root: str | None) -> str | None:
-    """The --data.root of one run: DIR/<dataset> for a grid of several datasets, DIR for one dataset,
+    """The --dataset.root of one run: DIR/<dataset> for a grid of several datasets, DIR for one dataset,
     a {dataset} template filled in, or the DIR given as dataset=DIR."""
     if not spec.grid.uses_data_root or not data_root:
         return None
@@ -118,7 +118,7 @@ def committed_round(run_dir: Path) -> int | None:
     return rounds[-1][0] + 1 if rounds else None
 
 
-def other_settings(specs: list[RunSpec], inputs: "Inputs") -> list[tuple[RunSpec, dict]]:
+def other_settings(specs: list[RunSpec], inputs: Inputs) -> list[tuple[RunSpec, dict]]:
     """Finished runs whose settings that change results (as their last checkpoint recorded them) differ from
     what this call would run: [(run, {key: (theirs, this call's)})]. Runs without a checkpoint (zero-shot)
     are not checked; launch settings (threads, devices, paths) and the precision never count."""

@@ -62,7 +62,7 @@ class Marker:
         return json.dumps(content, indent=1) + "\n"
 
     @classmethod
-    def read(cls, path: Path, round_idx: int) -> "Marker":
+    def read(cls, path: Path, round_idx: int) -> Marker:
         try:
             content = json.loads(Path(path).read_text())
         except (OSError, ValueError) as err:
@@ -143,7 +143,8 @@ def load(path: Path) -> dict:
     import torch
 
     if not path.is_file():
-        raise CheckpointError(f"checkpoint file {path} is missing from a committed round; delete {path.parent} to resume from the round before")
+        raise CheckpointError(f"checkpoint file {path} is missing from a committed round; delete {path.parent} to resume "
+                              "from the round before")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
@@ -160,7 +161,7 @@ def verify(committed: Committed, num_clients: int) -> None:
         load(client_file(committed.folder, client_id))
 
 
-def save_round(rank: "Rank", run_dir: Path, server: "ServerState", marker: Marker, keep: int) -> None:
+def save_round(rank: Rank, run_dir: Path, server: ServerState, marker: Marker, keep: int) -> None:
     """Each rank writes its own clients; after a barrier rank 0 writes the server's state, commits, prunes."""
     fabric, collectives, round_idx = rank.fabric, rank.collectives, marker.round_idx
     if fabric.is_global_zero:
@@ -178,7 +179,7 @@ def save_round(rank: "Rank", run_dir: Path, server: "ServerState", marker: Marke
         prune(run_dir, keep)
 
 
-def restore(committed: Committed, clients: "list[ClientState]") -> dict:
+def restore(committed: Committed, clients: list[ClientState]) -> dict:
     """Load this rank's clients from the committed round; returns the server's state (global.pt)."""
     from fedur.federated.client import ClientStateError
 
@@ -190,7 +191,7 @@ def restore(committed: Committed, clients: "list[ClientState]") -> dict:
     return load(committed.folder / "global.pt")
 
 
-def save_prompts(folder: Path, shared: "dict[str, Tensor]", clients: "list[ClientState]", write_shared: bool) -> None:
+def save_prompts(folder: Path, shared: dict[str, Tensor], clients: list[ClientState], write_shared: bool) -> None:
     """The final prompts: global.pt, the shared pieces (rank 0), and client_XXX.pt, the prompts each client
     classifies with, by name (written by the rank that hosts it)."""
     import torch

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from lightning import Fabric
 from torch import Tensor
 from torch.utils.data import DataLoader
 from torchmetrics.functional.classification import multiclass_confusion_matrix
-
 
 if TYPE_CHECKING:
     from fedur.train.rank import Rank
@@ -41,7 +41,7 @@ def correct_and_total(confusion: Tensor) -> Tensor:
     return torch.stack([confusion.trace(), confusion.sum()]).long()
 
 
-def evaluate_clients(rank: "Rank", zero_shot: bool = False, with_confusion: bool = False) -> tuple[Tensor, Tensor | None]:
+def evaluate_clients(rank: Rank, zero_shot: bool = False, with_confusion: bool = False) -> tuple[Tensor, Tensor | None]:
     """(K, 2) [correct, total] of every client on its own test set with its model (the method's logits with
     the client's prompts), or as zero-shot CLIP; and with `with_confusion` the clients' (K, C, C)
     confusion matrices from the same pass (else None). Every rank calls this."""

@@ -33,7 +33,7 @@ class Fault:
     rank: int
 
     @classmethod
-    def parse(cls, spec: str) -> "Fault":
+    def parse(cls, spec: str) -> Fault:
         parts = spec.split(":")
         if len(parts) != 4 or parts[0] not in ACTIONS or parts[1] not in POINTS or not all(p.isdigit() for p in parts[2:]):
             raise ValueError(

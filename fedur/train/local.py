@@ -28,7 +28,7 @@ class LocalResult:
     optimizer_state: dict  # the SGD state (momentum) after the round
 
 
-def client_loader(rank: "Rank", client: ClientState, round_idx: int):
+def client_loader(rank: Rank, client: ClientState, round_idx: int):
     """The client's selected pseudo-labelled images in this round's order (its own stream)."""
     work, labels = rank.work, client.pseudo_labels
     selected = client.train_indices[labels.indices.numpy()]
@@ -39,7 +39,7 @@ def client_loader(rank: "Rank", client: ClientState, round_idx: int):
     )
 
 
-def client_optimizer(rank: "Rank", round_idx: int, optimizer_state: dict | None, params: list[Tensor]):
+def client_optimizer(rank: Rank, round_idx: int, optimizer_state: dict | None, params: list[Tensor]):
     """SGD and its schedule for one client-round over `params`, from `optimizer_state` (its momentum; None: fresh)."""
     optimization = rank.tuner.configure_optimizers(round_idx, params)
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
@@ -48,7 +48,7 @@ def client_optimizer(rank: "Rank", round_idx: int, optimizer_state: dict | None,
     return optimizer, scheduler
 
 
-def train_unit(rank: "Rank", clients: list[ClientState], round_idx: int, optimizer_states: list[dict | None]) -> list[LocalResult]:
+def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer_states: list[dict | None]) -> list[LocalResult]:
     """Train the clients of one unit (a client alone, or a group of run.clients_per_step) for the tuner's local
     epochs on their selected pseudo-labels, in place.
 

@@ -33,7 +33,7 @@ class PromptTuner(L.LightningModule):
     """Trains clients' prompts on `model` (its frozen CLIP stays as it is) with the labeller's loss plus the
     method's penalty, on logits the method forms."""
 
-    def __init__(self, model: PromptedCLIP, method: Method, labeller: Labeller | None, optim: "Optimization") -> None:
+    def __init__(self, model: PromptedCLIP, method: Method, labeller: Labeller | None, optim: Optimization) -> None:
         super().__init__()
         self.model, self.method, self.labeller, self.optim = model, method, labeller, optim
         self.register_buffer("class_weights", None, persistent=False)  # (C,) global, from each refresh
@@ -56,7 +56,7 @@ class PromptTuner(L.LightningModule):
         class mask (B_k, C) bool) with the prompts `prompts[k]` it is training. Returns each client's
         {"loss", "loss_pos", "loss_neg"}; the sum of the losses is what to backpropagate (a client's prompts
         only reach its own loss, so each gets its own gradient)."""
-        texts = [self.method.text_side(self.model, p) for p in prompts]
+        texts = self.method.group_text_side(self.model, prompts)
         logits = self.method.group_logits(self.model, [b[0] for b in batches], prompts, texts, clients)
         outs = []
         for part, (_, labels, mask), p, client in zip(logits, batches, prompts, clients):

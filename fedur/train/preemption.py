@@ -74,7 +74,7 @@ class StopRequest:
         for name, handler in self._previous.items():
             signal.signal(SIGNALS[name], handler)
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,8 +8,9 @@ together, in training (fedur/train/local.py) as in pseudo-labelling and evaluati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -98,7 +99,7 @@ class Rank:
         logits: list[list[Tensor]] = [[] for _ in unit]
         labels: list[list[Tensor]] = [[] for _ in unit]
         with self.fabric.autocast():
-            texts = [None] * len(unit) if zero_shot else [method.text_side(model, p) for p in prompts]
+            texts = [None] * len(unit) if zero_shot else method.group_text_side(model, prompts)
             for images, batch_labels, batch_owners in loader:
                 images = self.fabric.to_device(images)
                 present, counts = torch.unique_consecutive(batch_owners, return_counts=True)

@@ -16,7 +16,6 @@ import json
 import math
 
 import numpy as np
-import torch
 from lightning.fabric.loggers import TensorBoardLogger
 from torch import Tensor
 

@@ -27,7 +27,7 @@ class Refresh:
     class_weights: Tensor | None  # (C,) global weights of L_pos
 
 
-def refresh_pseudo_labels(rank: "Rank", zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int) -> Refresh:
+def refresh_pseudo_labels(rank: Rank, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int) -> Refresh:
     """Label every local client's train set with zero-shot CLIP (the first refresh) or with the client's
     current model (the method's logits with its prompts), then let `labeller` select. Every rank calls this.
 

@@ -47,7 +47,7 @@ class ServerState:
         return sum(t.numel() * t.element_size() for t in self.shared.values())
 
 
-def exchange(rank: "Rank", server: ServerState, weights: Tensor) -> None:
+def exchange(rank: Rank, server: ServerState, weights: Tensor) -> None:
     """The clients with weight > 0 upload (Method.upload), every rank gathers the uploads in client-id order,
     the method aggregates them into the new global pieces (and its server state), and every client, also one
     that sat the round out, downloads them. Every rank calls this."""
