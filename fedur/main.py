@@ -51,16 +51,16 @@ USER_ERRORS = (
 )
 
 PLUGIN_HELP = {
-    "method": "The federated method: FedUR (default), FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, GDAU, "
-              "ZeroShot, or the import path of a class of your own (a subclass of fedur.methods.Method). Its "
-              "settings: --method.<arg>; list them with --method.help CLASS.",
-    "labeller": "The pseudo-labeller: FPL, CPL, CoPL, CoDPL, or the import path of a class of your own (a subclass "
-                "of fedur.labels.Labeller); null (default): the method's own (FedUR: CoDPL, FedCoPL: CoPL, the "
-                "baselines: FPL). Its settings: --labeller.<arg>; list them with --labeller.help CLASS.",
-    "dataset": "Where the clients' images come from: ImageFolder (default: dataset.root/train/<class>/*, "
-               "dataset.root/test/<class>/*), CIFAR10, CIFAR100, DTD, RESISC45, CUB, UCF101, DomainNet, OfficeHome, "
-               "Synthetic, or the import path of a class of your own (a subclass of fedur.data.datasets.Dataset). "
-               "Its settings: --dataset.<arg>; list them with --dataset.help CLASS.",
+    "method": "The federated method: one of fedur's ({names}; default FedUR), or the import path of a class of "
+              "your own (a subclass of fedur.methods.Method). Its settings: --method.<arg>; list them with "
+              "--method.help CLASS.",
+    "labeller": "The pseudo-labeller: one of fedur's ({names}), or the import path of a class of your own (a "
+                "subclass of fedur.labels.Labeller); null (default): the method's own (FedUR: CoDPL, FedCoPL: CoPL, "
+                "the baselines: FPL). Its settings: --labeller.<arg>; list them with --labeller.help CLASS.",
+    "dataset": "Where the clients' images come from: one of fedur's ({names}; default ImageFolder: "
+               "dataset.root/train/<class>/*, dataset.root/test/<class>/*), or the import path of a class of your own "
+               "(a subclass of fedur.data.datasets.Dataset). Its settings: --dataset.<arg>; list them with "
+               "--dataset.help CLASS.",
 }
 
 # Keys of fedur before methods, labellers and datasets were classes, and what replaces them.
@@ -90,9 +90,11 @@ def build_parser() -> ArgumentParser:
         "--check_data", action="store_true",
         help="Check the dataset's layout, print its image counts per split, class and domain, and exit without training.",
     )
-    parser.add_argument("--method", type=Method, default=lazy_instance(FedUR), help=PLUGIN_HELP["method"])
-    parser.add_argument("--labeller", type=Labeller | None, default=None, help=PLUGIN_HELP["labeller"])
-    parser.add_argument("--dataset", type=Dataset, default=lazy_instance(ImageFolder), help=PLUGIN_HELP["dataset"])
+    plugins = {"method": (Method, lazy_instance(FedUR)), "labeller": (Labeller | None, None),
+               "dataset": (Dataset, lazy_instance(ImageFolder))}
+    for key, (kind, default) in plugins.items():
+        names = ", ".join(plugin_names(key))
+        parser.add_argument(f"--{key}", type=kind, default=default, help=PLUGIN_HELP[key].format(names=names))
     for name, group in GROUPS.items():
         parser.add_class_arguments(group, name, help=group.__doc__)
     return parser

@@ -121,7 +121,7 @@ def run_row(run: Run) -> list[str]:
     means = [r["mean_accuracy"] for r in run.rounds]
     wall = run.summary.get("wall_seconds") if run.complete else sum(r["round_seconds"] for r in run.rounds)
     return [
-        run.name, run.summary.get("dataset") or dataset_name(run.settings), partition, str(fed.get("num_clients", "?")),
+        run.name, (run.summary or {}).get("dataset") or dataset_name(run.settings), partition, str(fed.get("num_clients", "?")),
         f"{len(run.rounds)}/{fed.get('rounds', '?')}", _pct(run.zero_shot.get("zero_shot_client_mean")),
         _pct(means[-1] if means else None), _best_at(means),
         format_duration(wall) + ("" if run.complete else " so far"), "complete" if run.complete else "incomplete",

@@ -11,6 +11,8 @@ import torch
 
 from .conftest import REPO, assert_same_results, free_port, read_rounds, run_ok, tensorboard_events
 
+pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
+
 ROUNDS = "3"
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from .conftest import assert_same_results, free_port, read_rounds, run_ok
 
+pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
+
 FEDUR_MARGIN = 5.0  # smallest FedUR gain over seeds 1-5: 10.41 points
 FEDCOPL_MARGIN = 4.0  # smallest FedCoPL gain over seeds 1-5: 8.93 points
 GDAU_MARGIN = 15.0  # smallest GDA-U gain over seeds 1-5: 33.79 points

@@ -11,6 +11,8 @@ import torch
 
 from .conftest import assert_same_results, free_port, read_rounds, run_ok
 
+pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
+
 # Each method once, and each labeller at least once beside a method that is not its own.
 CASES = {
     "promptfl-fpl": ["--method", "PromptFL"],

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from fedur.plots import heatmap, line_plot, save
@@ -109,6 +110,7 @@ def test_line_plot_of_no_or_one_point(tmp_path):
     save(single, tmp_path / "single.png")
 
 
+@pytest.mark.slow
 def test_report_of_real_runs_written_by_fedur(tmp_path):
     """Two smoke runs written by fedur itself (so the report follows the run format), reported through
     `python -m fedur.report`, the module the `fedur-report` console script runs."""

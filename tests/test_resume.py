@@ -24,6 +24,8 @@ from fedur.train.run_dir import RunDirError
 
 from .conftest import REPO, free_port, scalar_curve
 
+pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
+
 ROUNDS = 3
 # Each client keeps its SGD momentum across rounds, so the checkpoints carry optimizer state that
 # a resume must restore exactly.

@@ -12,6 +12,8 @@ from fedur.federated.placement import clients_on_rank
 
 from .conftest import REPO, free_port
 
+pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
+
 LAUNCHER_VARIABLES = ("SLURM_", "LT_", "TORCHELASTIC_", "MASTER_", "PMI_", "OMPI_")  # what a shell may carry over
 
 

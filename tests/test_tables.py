@@ -34,6 +34,7 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_tiny_grid_runs_skips_and_resumes(tmp_path):
     out = tmp_path / "tables"
     first = tables(out, "tiny", "--seeds", "1,2", "--jobs", "2")

@@ -87,12 +87,14 @@ def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens:
     for block in clip_model.transformer.resblocks:
         z = _block(block, z, layout, mask_shared, mask_own)
 
-    pooled = z.index_select(1, layout.pooled)  # (G, C, width): each class's EOT row (or a prefix row)
+    if not grouped:  # one context: the head on 2-D rows, as encode_text_embeddings (the same matmul kernels)
+        z = z[0]  # (S + N, width)
+    pooled = z.index_select(-2, layout.pooled)  # (G, C, width) or (C, width): each class's EOT row (or a prefix row)
     x = clip_model.ln_final(pooled)  # per-token LayerNorm: pooling first gives the same vectors
     proj = clip_model.text_projection
     if proj is not None:
         x = proj(x) if isinstance(proj, nn.Linear) else x @ proj
-    return x if grouped else x[0]  # (G, C, embed_dim) or (C, embed_dim)
+    return x  # (G, C, embed_dim) or (C, embed_dim)
 
 
 @dataclass(frozen=True)

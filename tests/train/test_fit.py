@@ -8,6 +8,8 @@ import torch
 from fedur.main import parse_config, run
 from fedur.model.clip import load_clip
 
+pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
+
 
 def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path):
     run_dir = tmp_path / "run"
