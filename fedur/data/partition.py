@@ -89,8 +89,14 @@ def dirichlet_split(
 
 
 def _cut(parts: list[list[int]], indices: list[int], p: np.ndarray, cap: float) -> list[list[int]]:
+    """Append to each client's part its share of `indices` (the reference's Dirichlet cut): shares p of the
+    clients below `cap`, renormalised, cut at floor(cumsum(share) * n)."""
     share = np.array([p_j * (len(part) < cap) for p_j, part in zip(p, parts)])
     share = share / share.sum() if share.sum() > 0 else p  # every client full: fall back to the raw draw
+    return _split_at(parts, indices, share)
+
+
+def _split_at(parts: list[list[int]], indices: list[int], share: np.ndarray) -> list[list[int]]:
     cuts = (np.cumsum(share) * len(indices)).astype(int)[:-1]
     return [part + list(chunk) for part, chunk in zip(parts, np.split(np.asarray(indices, dtype=np.int64), cuts))]
 
@@ -106,8 +112,9 @@ def iid_split(
     """Every class cut into K equal shares (the reference's "iid"): all clients see the same label mix.
 
     Draws as the reference (`prepare_dataset_UL_fed`, "iid"): per class, shuffle its train then its test
-    indices; at the end shuffle each client's train then test indices. `seed` and `num_classes` as in
-    `dirichlet_split`."""
+    indices, cut at floor(cumsum(1/K, ..., 1/K) * n) (the float shares as they are, not renormalised: for
+    K = 7 the cumulative sum stays just below 1 and a class of 7 samples splits 1,1,1,1,0,1,2); at the end
+    shuffle each client's train then test indices. `seed` and `num_classes` as in `dirichlet_split`."""
     _check_split_args(train_labels, num_clients, min_train)
     rng = _random_state(seed)
     uniform = np.full(num_clients, 1.0 / num_clients)
@@ -118,8 +125,8 @@ def iid_split(
         idx_test = list(np.flatnonzero(test_labels == c))
         rng.shuffle(idx_train)
         rng.shuffle(idx_test)
-        train_parts = _cut(train_parts, idx_train, uniform, np.inf)
-        test_parts = _cut(test_parts, idx_test, uniform, np.inf)
+        train_parts = _split_at(train_parts, idx_train, uniform)
+        test_parts = _split_at(test_parts, idx_test, uniform)
     for k in range(num_clients):
         rng.shuffle(train_parts[k])
         rng.shuffle(test_parts[k])

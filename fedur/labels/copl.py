@@ -4,6 +4,8 @@ fedur/labels/selection.py."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from jsonargparse.typing import OpenUnitInterval
 from torch import Tensor
@@ -24,6 +26,7 @@ class CoPL(HardLabeller):
         entropy_filter: bool = True,
         confidence_quantile: OpenUnitInterval = 0.5,
         entropy_quantile: OpenUnitInterval = 0.5,
+        quota_arithmetic: Literal["exact", "reference"] = "exact",
         **kwargs,
     ) -> None:
         """
@@ -37,11 +40,15 @@ class CoPL(HardLabeller):
             confidence_quantile: Quantile of the top-1 probabilities used as the confidence threshold
                 (0.5: the median).
             entropy_quantile: The entropy threshold is the (1 - this) quantile of the entropies (0.5: the median).
+            quota_arithmetic: The quotas ceil(u / sum u * M) in exact integer arithmetic ('exact', the formula), or
+                in float32 as FedCoPL's code ('reference': one more sample where the value is an integer that
+                float32 overshoots; docs/reference-parity.md).
         """
         super().__init__(**kwargs)
         self.cooperative_selection, self.confidence_filter, self.entropy_filter = (
             cooperative_selection, confidence_filter, entropy_filter)
         self.confidence_quantile, self.entropy_quantile = float(confidence_quantile), float(entropy_quantile)
+        self.quota_arithmetic = quota_arithmetic
 
     @property
     def cooperative(self) -> bool:
@@ -55,7 +62,7 @@ class CoPL(HardLabeller):
         return estimated_counts(probs, self._kept(probs))
 
     def allocate(self, estimated: Tensor, n_total: int, refresh_idx: int) -> Tensor:
-        return allocate(estimated, n_total, refresh_idx)
+        return allocate(estimated, n_total, refresh_idx, self.quota_arithmetic)
 
     def choose(self, probs: Tensor, quotas: Tensor | None) -> tuple[Tensor, Tensor]:
         if quotas is not None:

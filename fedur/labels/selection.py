@@ -57,18 +57,30 @@ def budget(counts: Tensor) -> int:
     return -(-int(counts.sum()) // num_classes)
 
 
-def allocate(counts: Tensor, n_total: int, refresh_idx: int) -> Tensor:
+def allocate(counts: Tensor, n_total: int, refresh_idx: int, arithmetic: Literal["exact", "reference"] = "exact") -> Tensor:
     """Per-client, per-class quotas u~ (K, C) int64 from all clients' estimated counts u (K, C).
 
-    u~_kc = ceil(u_kc / sum_i u_ic * M), in exact integer arithmetic. A class no client estimated gets
-    the reference's fallback ceil(N_total / C / 4 * (t + 1) / K) for every client, t the refresh index.
+    u~_kc = ceil(u_kc / sum_i u_ic * M). A class no client estimated gets the reference's fallback
+    ceil(N_total / C / 4 * (t + 1) / K) for every client, t the refresh index.
+
+    `arithmetic`: 'exact' computes the quota in exact integer arithmetic (the formula's value); 'reference'
+    as FedCoPL's code does (`methods/main_UL.py` lines 485-490, @ed7e0e0): counts, M and the quotient in
+    float32, (u / sum) first, then x M, then ceil. Where u * M / sum is an integer, float32 may land just
+    above it and the reference's ceil adds one (u = 5, sum = 39, M = 39: 6, not 5); its fallback is also
+    taken in float32.
     """
     num_clients, num_classes = counts.shape
-    m = budget(counts)
     totals = counts.sum(dim=0)  # (C,)
+    fallback = n_total / num_classes / 4 * (refresh_idx + 1) / num_clients
+    if arithmetic == "reference":
+        u = counts.to(torch.float32)
+        total = u.sum(dim=0)  # (C,) float32, as the reference's summed float32 histograms
+        m = torch.ceil(total.sum() / num_classes)
+        value = torch.where(total != 0, u / total * m, torch.full_like(u, fallback))  # 0 / 0 is masked out
+        return torch.ceil(value).to(torch.int64)
+    m = budget(counts)
     quotas = -torch.div(-counts * m, totals.clamp_min(1), rounding_mode="floor")  # ceil for non-negative ints
-    fallback = math.ceil(n_total / num_classes / 4 * (refresh_idx + 1) / num_clients)
-    return torch.where(totals > 0, quotas, torch.full_like(quotas, fallback))
+    return torch.where(totals > 0, quotas, torch.full_like(quotas, math.ceil(fallback)))
 
 
 def select_top(probs: Tensor, quotas: Tensor) -> tuple[Tensor, Tensor]:

@@ -312,3 +312,19 @@ def test_a_bad_partition_seed_names_the_key(seed):
     train, test = hand_made(10, 30, 6, seed=7)
     with pytest.raises(PartitionError, match="federation.partition_seed must be an integer or 'reference'"):
         fedur_split("dirichlet", train, test, 10, seed, "cifar10")
+
+
+@pytest.mark.parametrize("n_parties", range(1, 31))
+def test_iid_is_the_references_for_every_number_of_clients(n_parties):
+    """The reference cuts each class at floor(cumsum(1/K, ..., 1/K) * n) without renormalising the shares: for K
+    such as 7 the sum stays just below 1 and the cuts move by one (a class of 7 samples: 1,1,1,1,0,1,2)."""
+    train, test = hand_made(10, 7 + n_parties % 5, 3, seed=n_parties)  # classes of 7-13 train, 3-4 test samples
+    ref_train, ref_test = reference_run(10, train, test, n_parties, "iid")
+    train_parts, test_parts = fedur_split("iid", train, test, n_parties, "reference", "cifar10", min_train=0)
+    assert as_lists(train_parts) == ref_train
+    assert as_lists(test_parts) == ref_test
+
+
+def test_iid_with_seven_clients_splits_a_class_of_seven_as_the_reference():
+    parts, _ = iid_split(np.zeros(7, dtype=np.int64), np.zeros(7, dtype=np.int64), 7, np.random.RandomState(0), 0)
+    assert [len(p) for p in parts] == [1, 1, 1, 1, 0, 1, 2]

@@ -116,3 +116,38 @@ def test_class_weights_inverse_frequency_mean_one():
     assert class_weights(counts, "inv_sqrt").tolist() == pytest.approx([1.5109, 0.8723, 1.0, 0.6168], abs=1e-4)
     assert class_weights(counts, "none") is None
     assert class_weights(torch.zeros(3, dtype=torch.long), "inv").tolist() == [1.0, 1.0, 1.0]
+
+
+def reference_quotas(counts: torch.Tensor, n_total: int, refresh_idx: int) -> torch.Tensor:
+    """FedCoPL's quotas, transcribed (methods/main_UL.py:485-490 @ed7e0e0): float32 histograms (fedcopl.py:431
+    `torch.zeros(len(self.classes))`, += 1 per sample), summed over clients."""
+    data_distributions = [row.to(torch.float32) for row in counts]
+    total_data_distributions = torch.stack(data_distributions).sum(dim=0)
+    mask = total_data_distributions != 0
+    total_sample_per_class = torch.ceil(torch.sum(total_data_distributions) / len(total_data_distributions))
+    num_classes, client_num, len_train = counts.shape[1], counts.shape[0], n_total
+    return torch.stack([
+        torch.ceil(torch.where(mask, data_distributions[client] / total_data_distributions * total_sample_per_class,
+                               len_train / num_classes / 4 * (refresh_idx + 1) / client_num)).int()
+        for client in range(client_num)
+    ]).long()
+
+
+def test_quotas_by_the_formula_and_by_the_references_float32():
+    counts = torch.tensor([[5, 0], [34, 39]])  # class 0: 5 of 39 estimates; M = ceil(78 / 2) = 39
+    assert allocate(counts, 100, 0)[0, 0] == 5  # ceil(5 / 39 * 39) = 5 exactly
+    assert allocate(counts, 100, 0, "reference")[0, 0] == 6 == reference_quotas(counts, 100, 0)[0, 0]  # 5.0000005
+
+
+def test_reference_quotas_equal_the_transcription_on_random_counts():
+    generator = torch.Generator().manual_seed(0)
+    differ = 0
+    for trial in range(300):
+        clients, classes = int(torch.randint(2, 11, (1,), generator=generator)), int(torch.randint(2, 50, (1,), generator=generator))
+        counts = torch.randint(0, 40, (clients, classes), generator=generator) * (torch.rand(clients, classes, generator=generator) < 0.7)
+        n_total, refresh = int(torch.randint(100, 5000, (1,), generator=generator)), trial % 4
+        assert torch.equal(allocate(counts, n_total, refresh, "reference"), reference_quotas(counts, n_total, refresh))
+        exact = allocate(counts, n_total, refresh)
+        assert ((allocate(counts, n_total, refresh, "reference") - exact).abs() <= 1).all()
+        differ += int((allocate(counts, n_total, refresh, "reference") != exact).any())
+    assert differ > 0  # the float32 overshoot does occur on random counts
