@@ -10,7 +10,8 @@ A case is a run of configs/tiny.yaml (random-init tiny CLIP, 4 rounds, two refre
 (configs/smoke.yaml). `compare` checks, per case: every metrics.jsonl row but the timings, summary.json
 (but wall time, settings and placement; a key the older run lacks is an addition, not a difference),
 zero_shot.json, partition.json, confusion.json, and every tensor of every .pt file (final prompts and the
-kept checkpoints: prompts, momenta, pseudo-labels, masks, caches, server state) with torch.equal.
+kept checkpoints: prompts, momenta, pseudo-labels, masks, caches, server state) with torch.equal; a tensor
+only the newer run's file holds is an addition too (the final client files now carry the method's own state).
 `--legacy` translates the cases to the command line of fedur before methods, labellers and datasets were
 classes (method.name, method.labeller, labels.*, data.name; tests/tiny.yaml).
 
@@ -137,8 +138,8 @@ def differences(a: Path, b: Path) -> list[str]:
         if not (b / path).exists():
             continue
         x, y = (tensors(torch.load(d / path, weights_only=True)) for d in (a, b))
-        if x.keys() != y.keys():
-            found.append(f"{path}: keys {sorted(set(x) ^ set(y))}")
+        if set(x) - set(y):  # a tensor the newer run lacks (one it adds is an addition, like a summary key)
+            found.append(f"{path}: missing {sorted(set(x) - set(y))}")
         found += [f"{path}{k}" for k in sorted(x.keys() & y.keys())
                   if x[k].dtype != y[k].dtype or x[k].shape != y[k].shape or not torch.equal(x[k], y[k])]
     return found

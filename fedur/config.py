@@ -15,7 +15,6 @@ from jsonargparse.typing import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    restricted_number_type,
 )
 
 # The annotations are the CLI's validation and show in --help: a value outside its range stops the
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     from fedur.labels.base import Labeller
     from fedur.methods.base import Method
 
-Fraction = restricted_number_type("Fraction", float, [(">", 0), ("<=", 1)], join="and", docstring="float in (0, 1]")
+from fedur.ranges import Fraction  # noqa: E402  (shared with the plugins' arguments)
 
 
 @dataclass

@@ -20,6 +20,7 @@ import inspect
 import re
 import time
 from argparse import ArgumentError
+from dataclasses import fields
 
 import torch
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance, set_parsing_settings
@@ -68,6 +69,7 @@ LEGACY_KEYS = {
     "method.name": "--method CLASS (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU)",
     "method.labeller": "--labeller CLASS (FPL, CPL, CoPL, CoDPL)",
     "labels.": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
+    "labels": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
     "data.name": "--dataset CLASS (CIFAR10, CUB, ImageFolder, Synthetic, ...)",
     "data.root": "--dataset.root",
     "method.prox_mu": "--method PromptProx --method.mu",
@@ -118,7 +120,26 @@ def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = No
     config_yaml = parser.dump(resolved)
     objects = parser.instantiate(resolved)
     settings = {name: _plain(resolved[name]) for name in keys}
+    for name in PLUGINS:  # one name per class however it was spelled (FedUR, fedur.methods.fedur.FedUR, ...)
+        if objects[name] is not None:
+            cls = type(objects[name])
+            settings[name]["class_path"] = f"{cls.__module__}.{cls.__qualname__}"
+    for name in GROUPS:  # plain numbers: jsonargparse's range types would change NumPy's float32 promotion
+        group = objects[name]
+        for field in fields(group):
+            setattr(group, field.name, _plain_number(getattr(group, field.name)))
     return Config(**{name: objects[name] for name in keys}, settings=settings), config_yaml, namespace
+
+
+def _plain_number(value):
+    """An int or float of a range type (PositiveInt, Fraction, ...) as the plain int or float."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and type(value) is not int:
+        return int(value)
+    if isinstance(value, float) and type(value) is not float:
+        return float(value)
+    return value
 
 
 def _plain(value):
@@ -130,12 +151,30 @@ def _plain(value):
     return value
 
 
+def refused_key(message: str) -> str | None:
+    """The dotted key a parse error refuses, e.g. "method.name" for jsonargparse's ``Parser key "method": ...
+    Option 'name' is not accepted``, "labels.tau_neg" or "data.name"; None when it names none."""
+    group = re.search(r"Group '(\w+)' does not accept option '(\w+)'", message)
+    if group:
+        return ".".join(group.groups())
+    plugin = re.search(r'Parser key "(\w+)":.*?Option \'([\w.]+)\' is not accepted', message, re.DOTALL)
+    if plugin:
+        return ".".join(plugin.groups())
+    option = re.search(r"Option '([\w.]+)' is not accepted", message)
+    if option:
+        return option.group(1)
+    unknown = re.search(r"unrecognized arguments: --([\w.]+)", message)
+    return unknown.group(1) if unknown else None
+
+
 def explain(message: str, argv: list[str]) -> str:
     """A parse error, with what to do: the known classes for an unknown plugin name, the class to name first
-    for a plugin setting given without one, and what replaces a key of fedur before plugins."""
+    for a plugin setting given without one, and what replaces a key of fedur before plugins (on the command
+    line or in a YAML file)."""
+    key = refused_key(message)
     for old, new in LEGACY_KEYS.items():
-        if any(arg.lstrip("-").startswith(old) for arg in argv) or f"{old.split('.')[0]}:\n  {old.split('.')[1]}" in message:
-            return f"{message} (`{old}` is gone: use {new}; see docs/extending.md)"
+        if key is not None and (key == old or (old.endswith((".", "_")) and key.startswith(old))):
+            return f"{message} (`{key}` is gone: use {new}; see docs/extending.md)"
     unknown = re.search(r'Parser key "(method|labeller|dataset)":.*?Expected a dot import path string: (\S+)', message, re.DOTALL)
     if unknown:
         key, name = unknown.groups()
@@ -148,6 +187,10 @@ def explain(message: str, argv: list[str]) -> str:
     if abstract:
         key = abstract.group(1)
         return f"{message} (name the {key} before its settings: --{key} CLASS --{key}.<arg> ...)"
+    if key is not None and key.split(".")[0] in PLUGINS:  # a setting the plugin's class does not have
+        plugin = key.split(".")[0]
+        return (f"{message} (--{key} is not a setting of this {plugin}: name the class that has it first, "
+                f"--{plugin} CLASS --{key} ...; --{plugin}.help CLASS lists a class's settings)")
     return message
 
 
@@ -177,8 +220,14 @@ def validate(cfg: Config, env: LaunchEnv) -> None:
     if cfg.run.clients_per_step > 1 and cfg.optim.optimizer_state == "shared":
         raise ConfigError("run.clients_per_step > 1 trains clients at once, so no momentum can pass from one to the "
                           "next (optim.optimizer_state=shared); use optim.optimizer_state=client or reset")
-    if cfg.optim.optimizer_state == "shared" and env.expected_world_size(cfg.fabric) > 1:
+    world, clients, group = env.expected_world_size(cfg.fabric), cfg.federation.num_clients, cfg.run.clients_per_step
+    if cfg.optim.optimizer_state == "shared" and world > 1:
         raise ConfigError("optim.optimizer_state=shared passes momentum from client to client and needs one rank")
+    groups = -(-clients // group)
+    if groups < min(world, clients) and env.is_rank_zero:  # groups are placed whole: some ranks get no client
+        print(f"fedur: warning: run.clients_per_step={group} makes {groups} group(s) of {clients} clients for {world} "
+              f"ranks: {world - groups} rank(s) will host no client; a smaller run.clients_per_step spreads them",
+              file=sys.stderr)
     if env.precision_error():
         raise ConfigError(env.precision_error())
     try:
@@ -194,6 +243,7 @@ def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
 
     env = env or LaunchEnv.read()
     cfg.fabric.precision = env.resolved_precision(cfg.fabric)  # recorded resolved: auto is not the same on CPU and GPU
+    cfg.settings["fabric"]["precision"] = cfg.fabric.precision
     run = cfg.run
     run_dir, resume = run_dirs.resolve(
         run.output_dir, run.resume, run.force_resume, cfg.federation.num_clients, result_settings(cfg.settings)

@@ -25,6 +25,8 @@ CASES = {
     "fedur-grouped": ["--run.clients_per_step", "3"],
     # pFedPrompt's logits read each client's cache: grouped, its per-client forward runs once per client
     "pfedprompt-grouped": ["--method", "PFedPrompt", "--run.clients_per_step", "2"],
+    # training-free, no labeller: the server sums the clients' statistics; half the clients take part each round
+    "gdau-join": ["--method", "GDAU", "--federation.join_rate", "0.5"],
 }
 
 

@@ -122,7 +122,7 @@ def test_every_round_is_committed_and_old_ones_pruned(reference, tmp_path):
     assert [r for r, _ in checkpoint.committed_rounds(reference)] == [0, 1, 2]
     marker = checkpoint.latest(reference).marker
     assert marker.round_idx == 2 and marker.num_clients == 4 and marker.settings["federation.beta"] == 0.5
-    assert marker.settings["method"] == "fedur.methods.FedUR" and marker.settings["labeller"] is None
+    assert marker.settings["method"] == "fedur.methods.fedur.FedUR" and marker.settings["labeller"] is None
     client = checkpoint.load(checkpoint.client_file(checkpoint.latest(reference).folder, 3))
     assert set(client) >= {"prompts", "optimizer_state", "pseudo_labels", "train_indices", "extra"}
     assert set(client["prompts"]) == {"visual", "text_ctx"}
@@ -252,6 +252,7 @@ METHOD_CASES = {
     "pfedprompt": ["--method", "PFedPrompt", "--labeller", "CoPL"],
     "fedotp": ["--method", "FedOTP"],
     "promptprox-grip": ["--method", "PromptProx", "--labeller", "CPL", "--labeller.per_class", "grip"],
+    "gdau-join": ["--method", "GDAU", "--federation.join_rate", "0.5"],  # no labeller; server state: W, b
 }
 
 

@@ -70,6 +70,11 @@ class Dataset:
     root: str | None = None
     """The dataset directory, `~` expanded (None for generated data)."""
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "key", None) is None and not cls.__name__.startswith("_"):  # a dataset naming no key (a
+            cls.key = cls.__name__.lower()  # private base excepted): its class name, lowercased
+
     def check(self) -> None:
         """Fail before any compute when the data cannot be had (no network, wrong path, unknown domain):
         looks only for the files the layout needs; `load` reads and checks their content. Generated data

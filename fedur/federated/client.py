@@ -63,6 +63,14 @@ class ClientState:
         self.extra = dict(state["extra"])
 
 
+def check_tensors(state: dict, what: str) -> None:
+    """A method's own state (a client's `extra`, the server's) is checkpointed and loaded with weights_only:
+    tensors only, checked where the method writes it rather than when the round is saved."""
+    wrong = {k: type(v).__name__ for k, v in state.items() if not isinstance(v, Tensor)}
+    if wrong:
+        raise TypeError(f"{what} must hold tensors only (it is checkpointed); not {wrong}")
+
+
 def momentum_only(optimizer_state: dict | None) -> dict | None:
     """The per-parameter SGD state of a saved optimizer state (checkpoints before fedur 0.2 hold the whole
     `optimizer.state_dict()`; its param_groups are the schedule's, not the client's)."""

@@ -65,14 +65,14 @@ class Method:
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "key" not in cls.__dict__:
+        if "key" not in cls.__dict__ and not cls.__name__.startswith("LazyInstance_"):  # jsonargparse's default wrapper
             cls.key = cls.__name__.lower()
-        # A fused grouped forward is written for one `logits` / `text_side`: a subclass that changes them
-        # without writing its own grouped forward falls back to the per-client default, which is always right.
-        if {"logits", "text_side"} & set(cls.__dict__) and "group_logits" not in cls.__dict__:
-            cls.group_logits = Method.group_logits
-        if "text_side" in cls.__dict__ and "group_text_side" not in cls.__dict__:
-            cls.group_text_side = Method.group_text_side
+        # A fused grouped forward is written for the `logits` / `text_side` of the class that declares it: a class
+        # whose own (or a mixin's) differ falls back to the per-client default, which is always right.
+        for hook, reads in (("group_logits", ("logits", "text_side")), ("group_text_side", ("text_side",))):
+            owner = next(c for c in cls.__mro__ if hook in c.__dict__)
+            if owner is not Method and any(getattr(cls, name) is not getattr(owner, name) for name in reads):
+                setattr(cls, hook, getattr(Method, hook))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -88,7 +88,11 @@ class Method:
         two do not fit (here: a training-free method given a labeller)."""
         if labeller is not None and not self.trains:
             raise ValueError(f"{type(self).__name__} trains nothing, so it uses no pseudo-labeller; remove --labeller")
-        return self.default_labeller() if labeller is None else labeller
+        paired = self.default_labeller() if labeller is None else labeller
+        if paired is None and self.trains:
+            raise ValueError(f"{type(self).__name__} trains on pseudo-labels but has no labeller of its own: give one "
+                             "(--labeller CLASS), or return one from its default_labeller()")
+        return paired
 
     def visual_tokens(self, configured: int) -> int:
         """Visual prompt tokens of the model: `model.visual_tokens`, or 0 for a method without a visual prompt."""

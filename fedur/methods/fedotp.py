@@ -12,12 +12,12 @@ import torch
 from jsonargparse.typing import PositiveFloat, PositiveInt
 from torch import Tensor
 
-from fedur.config import Fraction
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import Method
 from fedur.methods.fedotp_math import ot_logits
 from fedur.model.classifier import PromptedCLIP
+from fedur.ranges import Fraction
 
 
 class FedOTP(Method):

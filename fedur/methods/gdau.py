@@ -6,9 +6,14 @@ the classifier is the Gaussian discriminant ensembled with zero-shot CLIP's logi
 Federated through sufficient statistics, one EM iteration per round: each client runs the E-step on its
 own features with the classifier it holds (zero-shot CLIP before the first round) and uploads its
 statistics (soft class counts, feature sums, second moment); the server SUMS them in client-id order (not
-an average of prompts), fits the classifier (the M-step) and every client downloads it. The sum equals
-the statistics of all clients' data pooled, so the fit is the centralised one. The math, with the
+an average of prompts), fits the classifier (the M-step) and every client downloads it. With every client
+taking part the sum is the statistics of all clients' data pooled, so the fit is the centralised one; with
+federation.join_rate < 1 each round's M-step sees that round's participants only. The math, with the
 reference's lines and every [guess], is in fedur/methods/gda_math.py. No prompts, no SGD, no labeller.
+
+Cost: a client recomputes its frozen train features every round (one forward pass over its images), and
+every rank gathers all K clients' uploads, the (D, D) second moment included, in float64: K x D^2 x 8 bytes
+per round (10 clients at D = 512: 21 MB; 1,000 clients: 2 GB).
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ class GDAU(Method):
                 clusters to the class names) [guess].
             first_step: The first M-step's responsibilities: zero-shot CLIP's softmax ('soft') or its argmax
                 one-hot ('hard') [guess].
-            temperature: Temperature of the E-step softmax (1: EM's posterior).
+            temperature: Temperature of the E-step softmax (1: EM's posterior); the first round's zero-shot
+                responsibilities are CLIP's own softmax.
             em_rounds: EM iterations at most (one per round); null: federation.rounds.
         """
         self.alpha, self.precision_scale, self.prior = float(alpha), precision_scale, prior

@@ -17,10 +17,11 @@ class PromptedCLIP(nn.Module):
     """A frozen CLIP plus a text context (`text_prompt.ctx`), deep visual prompts (`visual_prompt`) and,
     with `local_text=True`, a second text context (`text_local`; FedOTP's local prompt).
 
-    Only the prompt tensors are trainable. The federated loop swaps client state in and out of
-    them by name ("visual", "text_ctx", "text_local") with `load_prompts` / `prompts`. `normalize` is
-    applied to every image batch first: the identity for normalised float images, or the cache's uint8 -> float step (data/cache.py), which
-    then runs on the device instead of per sample in the loader.
+    The slots hold the prompts every client starts from (`prompts()`); the round loop never writes them: each
+    client's own prompts are handed to `text_features(ctx)` / `image_features(visual=...)` explicitly, and a
+    call without them uses the initial values. `normalize` is applied to every image batch first: the identity
+    for normalised float images, or the cache's uint8 -> float step (data/cache.py), which then runs on the
+    device instead of per sample in the loader.
     """
 
     def __init__(
@@ -145,15 +146,6 @@ class PromptedCLIP(nn.Module):
         prompts = self.visual_prompt if visual is None else visual
         prompts = prompts if prompts.numel() else None
         return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, return_tokens=True), dim=-1)
-
-    @torch.no_grad()
-    def load_prompts(self, prompts: dict[str, Tensor]) -> None:
-        """Copy the named prompts ("visual", "text_ctx", "text_local") into their slots."""
-        slots = self.slots()
-        for name, value in prompts.items():
-            if name not in slots:
-                raise KeyError(f"this model has no {name!r} prompt (it has {', '.join(slots)})")
-            slots[name].copy_(value)
 
     def prompts(self, names: tuple[str, ...] | None = None) -> dict[str, Tensor]:
         """Detached copies of the named prompts (default: every slot)."""

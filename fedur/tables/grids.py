@@ -12,8 +12,17 @@ import importlib.resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# fedur's configs/: shipped inside the package as fedur.configs (a checkout's configs/ when installed editable).
-CONFIGS = Path(str(importlib.resources.files("fedur.configs")))
+
+def _configs() -> Path:
+    """fedur's configs/: shipped inside the package as fedur.configs (a checkout's configs/ when installed
+    editable); a checkout that is only on the path has them beside the package."""
+    try:
+        return Path(str(importlib.resources.files("fedur.configs")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "configs"
+
+
+CONFIGS = _configs()
 
 # Value a cell shows, from summary.json: a trained method's final mean accuracy over clients, or the
 # zero-shot CLIP accuracy on the whole test set (the paper's zero-shot protocol).

@@ -192,8 +192,9 @@ def restore(committed: Committed, clients: list[ClientState]) -> dict:
 
 
 def save_prompts(folder: Path, shared: dict[str, Tensor], clients: list[ClientState], write_shared: bool) -> None:
-    """The final prompts: global.pt, the shared pieces (rank 0), and client_XXX.pt, the prompts each client
-    classifies with, by name (written by the rank that hosts it)."""
+    """The final model of every client: global.pt, the shared pieces (rank 0), and client_XXX.pt (written by
+    the rank that hosts it), what each client classifies with, by name: its prompts, and the method's own
+    per-client tensors where it keeps some (pFedPrompt's cache, GDA-U's classifier)."""
     import torch
 
     folder.mkdir(exist_ok=True)
@@ -201,6 +202,7 @@ def save_prompts(folder: Path, shared: dict[str, Tensor], clients: list[ClientSt
         torch.save({name: t.cpu() for name, t in shared.items()}, folder / "global.pt")
     for client in clients:
         state = {"client_id": client.client_id, **{name: t.cpu() for name, t in client.prompts.items()}}
+        state.update({name: t.cpu() for name, t in client.extra.items() if name not in state})
         torch.save(state, folder / f"client_{client.client_id:03d}.pt")
 
 

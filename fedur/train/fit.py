@@ -76,7 +76,7 @@ def fit(
     recorder.record_partition(*partition_counts, rank.dataset.classnames)
 
     method, labeller = rank.method, rank.tuner.labeller
-    server = ServerState(method.init_shared(rank.model))
+    server = ServerState({name: t.cpu() for name, t in method.init_shared(rank.model).items()})  # uploads gather on CPU
     histogram_bytes = (2 if labeller is not None and labeller.cooperative else 1) * rank.model.num_classes * INT64_BYTES
     train_sizes = rank.gather({c.client_id: torch.tensor(len(c.train_indices)) for c in rank.clients},
                               like=torch.tensor(0), what="train sizes")

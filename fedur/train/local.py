@@ -97,7 +97,7 @@ def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer
                 scheduler.step()
     results = []
     for k, client in enumerate(clients):
-        client.prompts = {n: t.detach().clone() for n, t in prompts[k].items()}
+        client.prompts = {n: t.detach().cpu().clone() for n, t in prompts[k].items()}  # as everything the server sees
         means = (sums[k] / max(steps[k], 1)).tolist()  # device-to-host sync, once per client-round
         state = copy.deepcopy(optimizers[k][0].state_dict()["state"])
         results.append(LocalResult(*means, lr=lrs[k], optimizer_state=state))

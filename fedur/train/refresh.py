@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from fedur.federated.client import check_tensors
 from fedur.labels.base import Labeller
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ def refresh_pseudo_labels(rank: Rank, zero_shot: bool, refresh_idx: int, labelle
             p, None if quotas is None else quotas[client.client_id], refresh_idx, previous=client.pseudo_labels
         )
         rank.method.after_refresh(client, rank)
+        check_tensors(client.extra, f"{type(rank.method).__name__}.after_refresh's client.extra")
         hits = int((chosen.labels == truth[chosen.indices]).sum())
         counts = torch.bincount(chosen.labels, minlength=num_classes)
         local[client.client_id] = torch.cat([counts, torch.tensor([hits, len(chosen.labels)])])

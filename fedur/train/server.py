@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from fedur.federated.client import momentum_only
+from fedur.federated.client import check_tensors, momentum_only
 from fedur.train.refresh import Refresh
 
 if TYPE_CHECKING:
@@ -58,5 +58,8 @@ def exchange(rank: Rank, server: ServerState, weights: Tensor) -> None:
         for name, current in server.shared.items()
     }  # {name: (K, *shape)}
     server.shared = method.aggregate(uploads, weights, server.shared, server.method)
+    check_tensors(server.method, f"{type(method).__name__}.aggregate's server state")
     for client in rank.clients:
         method.download(client, server.shared, server.method)
+        check_tensors(client.extra, f"{type(method).__name__}.download's client.extra")
+

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedur.federated.client import ClientState
+from fedur.labels import CoDPL
 from fedur.methods import FedOTP, FedUR, Method, PFedPrompt, PromptFL
 from fedur.model.classifier import PromptedCLIP
 
@@ -64,3 +65,25 @@ def test_the_grouped_text_tower_equals_one_pass_per_context(tiny_clip):
         together = model.text_features(contexts)  # (G, C, D)
         each = torch.stack([model.text_features(c) for c in contexts])
         torch.testing.assert_close(together, each, atol=1e-5, rtol=1e-5)
+
+
+def test_logits_from_a_mixin_also_drop_the_fused_forward():
+    class DoubleLogits:
+        def logits(self, model, images, prompts, text, client):
+            return 2 * Method.logits(self, model, images, prompts, text, client)
+
+    class Mixed(DoubleLogits, FedUR):  # FedUR's fused forward was written for FedUR's logits, not these
+        pass
+
+    assert Mixed.logits is DoubleLogits.logits and Mixed.group_logits is Method.group_logits
+    assert Mixed.group_text_side is FedUR.group_text_side  # its text side is still FedUR's
+
+
+def test_a_method_that_trains_needs_a_labeller():
+    class NoLabeller(FedUR):
+        def default_labeller(self):
+            return None
+
+    with pytest.raises(ValueError, match="trains on pseudo-labels but has no labeller"):
+        NoLabeller().pair(None)
+    assert type(NoLabeller().pair(CoDPL())).__name__ == "CoDPL"

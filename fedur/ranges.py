@@ -1,0 +1,8 @@
+"""Number types with a range, shared by the settings (fedur/config.py) and the plugins' constructor arguments:
+with jsonargparse the annotation is the check at parse time and shows in --help."""
+
+from __future__ import annotations
+
+from jsonargparse.typing import restricted_number_type
+
+Fraction = restricted_number_type("Fraction", float, [(">", 0), ("<=", 1)], join="and", docstring="float in (0, 1]")
