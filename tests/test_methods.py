@@ -18,7 +18,7 @@ CASES = {
     "promptfl-fpl": ["--method", "PromptFL"],
     "promptprox-cpl": ["--method", "PromptProx", "--labeller", "CPL", "--labeller.per_class", "grip",
                        "--federation.refresh_every", "1"],
-    "pfedprompt-copl": ["--method", "PFedPrompt", "--labeller", "CoPL"],
+    "pfedprompt-copl": ["--method", "PFedPrompt", "--labeller", "CoPL", "--method.cache_shots", "4"],
     "fedotp-codpl": ["--method", "FedOTP", "--labeller", "CoDPL"],
     "zeroshot": ["--method", "ZeroShot"],
     # FedUR with clients trained together in fixed groups {0, 1, 2} and {3}: placed whole, so 2 ranks equal 1
@@ -87,12 +87,15 @@ def test_cpl_trains_on_candidate_sets(runs):
     assert second > first  # the pools grew from the first refresh to the second
 
 
-def test_pfedprompt_keeps_a_cache_of_its_pseudo_labelled_features(runs):
+def test_pfedprompt_keeps_a_bounded_cache_of_its_most_confident_pseudo_labels(runs):
     state = torch.load(next((runs / "pfedprompt-copl-2" / "checkpoints").glob("round_*/client_001.pt")), weights_only=True)
     keys, labels = state["extra"]["cache_keys"], state["extra"]["cache_labels"]
-    assert len(keys) == len(labels) == len(state["pseudo_labels"]["indices"]) > 0
-    assert torch.allclose(keys.norm(dim=-1), torch.ones(len(keys)), atol=1e-5)
-    assert torch.equal(labels, state["pseudo_labels"]["labels"])
+    selected, confidence = state["pseudo_labels"]["labels"], state["pseudo_labels"]["confidence"]
+    assert len(keys) == len(labels) > 0 and torch.allclose(keys.norm(dim=-1), torch.ones(len(keys)), atol=1e-5)
+    for c in torch.unique(selected).tolist():  # the cache_shots (4 here) most confident of each class
+        top = torch.sort(confidence[selected == c], descending=True).values[:4]
+        assert int((labels == c).sum()) == len(top)
+    assert torch.bincount(labels).max() <= 4
 
 
 def test_fedotp_shares_its_global_prompt_and_keeps_the_local_one(runs):

@@ -32,6 +32,7 @@ class PseudoLabels:
     labels: Tensor  # (n,) hard pseudo-labels (argmax, or argmax within the candidate set)
     mask: Tensor  # (n, C) bool per-sample class mask the loss reads: negative labels, or CPL's candidate set
     pools: Tensor | None = None  # (n,) cpl: the class pool each sample filled (GRIP's next caps read them)
+    confidence: Tensor | None = None  # (n,) p of the label at the selection (None: a labeller that keeps none)
 
 
 class Labeller(ABC):
@@ -125,7 +126,7 @@ class HardLabeller(Labeller):
         mask = negative_mask(probs[indices], labels, self.negatives, self.tau_neg)
         if mask is None:  # rules 'online' and 'none' store nothing
             mask = torch.zeros(len(indices), probs.shape[1], dtype=torch.bool)
-        return PseudoLabels(indices, labels, mask)
+        return PseudoLabels(indices, labels, mask, confidence=probs[indices, labels].float())
 
     def loss(self, logits: Tensor, labels: Tensor, mask: Tensor, class_weights: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """L_pos + lambda * L_neg (FedUR sec. 3.4)."""

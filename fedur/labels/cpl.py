@@ -275,7 +275,8 @@ class CPL(Labeller):
     def select(self, probs: Tensor, quotas: Tensor | None = None, refresh_idx: int = 0,
                previous: PseudoLabels | None = None) -> PseudoLabels:
         candidates = candidate_sets(probs.float(), self.alpha, self.beta)
-        return PseudoLabels(*cpl_select(probs.float(), candidates, self.pool_sizes(probs, refresh_idx, previous)))
+        indices, labels, chosen, pools = cpl_select(probs.float(), candidates, self.pool_sizes(probs, refresh_idx, previous))
+        return PseudoLabels(indices, labels, chosen, pools, confidence=probs[indices, labels].float())
 
     def loss(
         self, logits: Tensor, labels: Tensor, mask: Tensor, class_weights: Tensor | None

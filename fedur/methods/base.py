@@ -29,7 +29,7 @@ The loop, collectives, checkpoints, resume, metrics and placement are the same f
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
@@ -73,6 +73,16 @@ class Method:
             owner = next(c for c in cls.__mro__ if hook in c.__dict__)
             if owner is not Method and any(getattr(cls, name) is not getattr(owner, name) for name in reads):
                 setattr(cls, hook, getattr(Method, hook))
+
+    def __init__(self, weighting: Literal["selected", "data", "uniform"] = "selected") -> None:
+        """
+        Args:
+            weighting: The server's weight of each client in the average of a shared prompt: its number of
+                selected pseudo-labels |D~_k| ('selected', FedUR's and FedCoPL's code), its number of train
+                images ('data', FedOTP's re-implementation of the baselines), or the same for every client
+                ('uniform', PromptFL's code).
+        """
+        self.weighting = weighting
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -163,9 +173,12 @@ class Method:
         client.prompts = {**client.prompts, **{name: shared[name] for name in self.shared}}
 
     def client_weights(self, selected: Tensor | None, train_sizes: Tensor) -> Tensor:
-        """(K,) aggregation weight of each client: its selected pseudo-label count |D~_k| (`selected`; None
-        without a labeller, then its number of train images)."""
-        return train_sizes if selected is None else selected
+        """(K,) aggregation weight of each client (`weighting`): its selected pseudo-label count |D~_k|
+        (`selected`; None without a labeller, then its number of train images), its train images, or 1."""
+        weighting = getattr(self, "weighting", "selected")  # a user's subclass may skip Method.__init__
+        if weighting == "uniform":
+            return torch.ones_like(train_sizes)
+        return train_sizes if selected is None or weighting == "data" else selected
 
     def participants(self, round_idx: int, num_clients: int, join_rate: float, seed: int) -> Tensor:
         """(K,) bool: the clients that take part in the round (default: ceil(join_rate * K), drawn uniformly)."""

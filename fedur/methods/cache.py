@@ -2,7 +2,8 @@
 
 pFedPrompt (WWW 2023) has no public code; the cache follows Tip-Adapter (Zhang et al., ECCV 2022,
 `gaopengcuhk/Tip-Adapter`, main.py: `cache_logits = ((-1) * (beta - beta * affinity)).exp() @ cache_values`,
-`tip_logits = clip_logits + cache_logits * alpha`, defaults alpha = 1, beta = 5.5).
+`tip_logits = clip_logits + cache_logits * alpha`, defaults alpha = 1, beta = 5.5, against CLIP's logit scale
+100), whose cache holds K shots per class (16 at most): a bounded, class-balanced set of labelled features.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+SELF_TOLERANCE = 1e-5  # an affinity within this of 1 is the sample's own key (no augmentation: its very feature)
 
 
 def build_cache(features: Tensor, labels: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
@@ -22,11 +25,29 @@ def build_cache(features: Tensor, labels: Tensor, num_classes: int) -> tuple[Ten
     return keys, values
 
 
-def cache_logits(features: Tensor, keys: Tensor, values: Tensor, alpha: float = 1.0, beta: float = 5.5) -> Tensor:
+def shots_per_class(labels: Tensor, confidence: Tensor, shots: int) -> Tensor:
+    """(m,) int64 ascending positions into `labels` (n,) of the `shots` most confident samples of each class
+    (all of a class's if fewer; equal confidence: the lower position first): Tip-Adapter's K shots per class,
+    from pseudo-labels ranked by their `confidence` (n,)."""
+    keep = []
+    for c in torch.unique(labels).tolist():
+        members = torch.nonzero(labels == c).flatten()
+        order = torch.argsort(confidence[members], descending=True, stable=True)
+        keep.append(members[order[:shots]])
+    return torch.sort(torch.cat(keep)).values if keep else torch.zeros(0, dtype=torch.long)
+
+
+def cache_logits(features: Tensor, keys: Tensor, values: Tensor, alpha: float = 1.0, beta: float = 5.5,
+                 self_vote: bool = True) -> Tensor:
     """(B, C) = alpha * exp(-beta * (1 - f K^T)) V for unit-norm features (B, d), keys (n, d), values (n, C).
 
     Each cached sample votes for its class with weight exp(-beta (1 - cos)): 1 for an identical feature,
-    exp(-2 beta) for an opposite one. Added to the CLIP logits (100 cos(f, t_c)) by the caller.
+    exp(-2 beta) for an opposite one. Added to the CLIP logits (scale x cos(f, t_c)) by the caller. Without
+    `self_vote`, a key whose affinity to the query is within SELF_TOLERANCE of 1 (the query's own feature: a
+    cached training image, or its exact duplicate) casts no vote.
     """
     affinity = features @ keys.T  # (B, n)
-    return alpha * torch.exp(-beta * (1 - affinity)) @ values
+    votes = torch.exp(-beta * (1 - affinity))  # (B, n)
+    if not self_vote:
+        votes = votes.masked_fill(affinity > 1 - SELF_TOLERANCE, 0.0)
+    return alpha * votes @ values

@@ -29,7 +29,7 @@ class FedOTP(Method):
 
     def __init__(
         self, eps: PositiveFloat = 0.1, top_percent: Fraction = 0.8, max_iter: PositiveInt = 100,
-        thresh: PositiveFloat = 1e-3,
+        thresh: PositiveFloat = 1e-3, **kwargs,
     ) -> None:
         """
         Args:
@@ -38,6 +38,7 @@ class FedOTP(Method):
             max_iter: Sinkhorn iterations at most.
             thresh: Sinkhorn stops when the mean change of the scaling falls below this.
         """
+        super().__init__(**kwargs)
         self.eps, self.top_percent, self.max_iter, self.thresh = float(eps), float(top_percent), int(max_iter), float(thresh)
 
     def default_labeller(self) -> Labeller | None:

@@ -45,12 +45,13 @@ class FedUR(Method):
 
     prompts = ("visual", "text_ctx")
 
-    def __init__(self, share: Literal["visual", "text", "both", "none"] = "visual") -> None:
+    def __init__(self, share: Literal["visual", "text", "both", "none"] = "visual", **kwargs) -> None:
         """
         Args:
             share: Prompts the server averages: the visual prompt (the paper's protocol; text prompts stay
                 personal), or as ablations of the aggregation protocol 'text', 'both' or 'none'.
         """
+        super().__init__(**kwargs)
         self.share = share
         self.shared = share_names(self, share)
 

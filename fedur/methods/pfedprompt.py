@@ -3,24 +3,31 @@ consensus in the linguistic space) plus a personal, non-parametric attention ove
 features. Reconstructed [guess, spec sec. 10] as a Tip-Adapter cache per client: keys are the frozen
 CLIP features of the client's pseudo-labelled images, values their one-hot pseudo-labels, and
 
-    logits = 100 cos(f, T(P^t)) + alpha * exp(-beta (1 - f K^T)) V.
+    logits = s cos(f, T(P^t)) + alpha (s / 100) exp(-beta (1 - f K^T)) V,   s: the CLIP's logit scale.
 
-The cache is rebuilt at every pseudo-label refresh, stays on the client (checkpointed with it), and only
-the text prompt is averaged.
+As Tip-Adapter and pFedPrompt describe it, the cache is a bounded few-shot memory: the `cache_shots` most
+confident pseudo-labels of each class (16, Tip-Adapter's largest K and the paper's), a sample never votes for
+itself (training images are cached without augmentation, so each would match its own key at affinity 1),
+and alpha, set by Tip-Adapter against CLIP's logit scale 100, is scaled to the model's. The form fedur had
+before (every selected sample cached, self-votes, alpha as given: `--method.cache_shots null
+--method.cache_self_vote true --method.cache_alpha_scale none`) turns the cache into a count-weighted
+nearest-neighbour vote of the client's label mix under the cooperative labellers (see
+benchmarks/results/baselines/). The cache is rebuilt at every pseudo-label refresh, stays on the client
+(checkpointed with it), and only the text prompt is averaged.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from jsonargparse.typing import NonNegativeFloat, PositiveFloat
+from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
 from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import ClientData, Method
-from fedur.methods.cache import build_cache, cache_logits
+from fedur.methods.cache import build_cache, cache_logits, shots_per_class
 from fedur.model.classifier import PromptedCLIP
 
 
@@ -31,13 +38,27 @@ class PFedPrompt(Method):
     prompts = ("text_ctx",)
     shared = ("text_ctx",)
 
-    def __init__(self, cache_alpha: NonNegativeFloat = 1.0, cache_beta: PositiveFloat = 5.5) -> None:
+    def __init__(
+        self, cache_alpha: NonNegativeFloat = 1.0, cache_beta: PositiveFloat = 5.5, cache_shots: PositiveInt | None = 16,
+        cache_self_vote: bool = False, cache_alpha_scale: Literal["logit_scale", "none"] = "logit_scale", **kwargs,
+    ) -> None:
         """
         Args:
-            cache_alpha: Weight of the cache logits alpha * exp(-beta (1 - f k)) v (Tip-Adapter's default).
+            cache_alpha: Weight of the cache logits alpha * exp(-beta (1 - f k)) v (Tip-Adapter's default 1).
             cache_beta: Sharpness beta of the cache's affinities (Tip-Adapter's default).
+            cache_shots: Pseudo-labelled samples cached per class, the most confident (Tip-Adapter's K; 16)
+                [guess: pFedPrompt's own number is not published]; null: every selected sample (fedur's
+                earlier form).
+            cache_self_vote: Whether a cached sample votes for itself (matches its own key at affinity 1);
+                false [guess], as a cache of held-out shots would never contain the query.
+            cache_alpha_scale: 'logit_scale': alpha counts against CLIP's logit scale 100 (Tip-Adapter's
+                setting), so the cache's weight is alpha * s / 100 for a model of logit scale s [guess];
+                'none': alpha as given.
         """
+        super().__init__(**kwargs)
         self.cache_alpha, self.cache_beta = float(cache_alpha), float(cache_beta)
+        self.cache_shots = None if cache_shots is None else int(cache_shots)
+        self.cache_self_vote, self.cache_alpha_scale = cache_self_vote, cache_alpha_scale
 
     def default_labeller(self) -> Labeller | None:
         return FPL()
@@ -51,12 +72,20 @@ class PFedPrompt(Method):
             return logits
         keys, labels = keys.to(features.device), labels.to(features.device)
         values = torch.nn.functional.one_hot(labels, logits.shape[-1]).float()
+        alpha = self.cache_alpha
+        if self.cache_alpha_scale == "logit_scale":
+            alpha = alpha * float(model.logit_scale) / 100.0
         with torch.autocast(features.device.type, enabled=False):
-            return logits + cache_logits(features.float(), keys.float(), values, self.cache_alpha, self.cache_beta)
+            votes = cache_logits(features.float(), keys.float(), values, alpha, self.cache_beta, self.cache_self_vote)
+            return logits + votes
 
     @torch.no_grad()
     def after_refresh(self, client: ClientState, data: ClientData) -> None:
         labels = client.pseudo_labels
-        features = data.train_features(client, labels.indices.numpy())
-        keys, _ = build_cache(features, labels.labels, data.model.num_classes)
-        client.extra = {"cache_keys": keys, "cache_labels": labels.labels.clone()}
+        positions = torch.arange(len(labels.labels))  # into the selection
+        if self.cache_shots is not None:
+            confidence = labels.confidence if labels.confidence is not None else torch.zeros(len(labels.labels))
+            positions = shots_per_class(labels.labels, confidence, self.cache_shots)
+        features = data.train_features(client, labels.indices[positions].numpy())
+        keys, _ = build_cache(features, labels.labels[positions], data.model.num_classes)
+        client.extra = {"cache_keys": keys, "cache_labels": labels.labels[positions].clone()}

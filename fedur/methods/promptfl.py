@@ -37,11 +37,12 @@ class PromptFL(Method):
 class PromptProx(PromptFL):
     """PromptProx: PromptFL with FedProx's proximal term on the shared prompt."""
 
-    def __init__(self, mu: NonNegativeFloat = 0.5) -> None:
+    def __init__(self, mu: NonNegativeFloat = 0.5, **kwargs) -> None:
         """
         Args:
             mu: mu of the proximal term (mu / 2) * ||prompt - global prompt||^2 (FedOTP's default 0.5).
         """
+        super().__init__(**kwargs)
         self.mu = float(mu)
 
     def penalty(self, prompts: dict[str, Tensor], start: dict[str, Tensor]) -> Tensor | None:

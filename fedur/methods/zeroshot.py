@@ -19,6 +19,9 @@ class ZeroShot(Method):
     shared = ()
     trains = False
 
+    def __init__(self) -> None:  # nothing to set: no prompts, nothing aggregated
+        pass
+
     def rounds(self, configured: int) -> int:
         return 0  # nothing changes from round to round: the zero-shot evaluation is the result
 

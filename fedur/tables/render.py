@@ -2,8 +2,9 @@
 
 Each cell: the mean over the seeds that finished and the sample standard deviation (n - 1; none for one
 seed), the worst client (min over clients of the final per-client accuracy) averaged over the seeds and
-its min over the seeds, the paper's number and the difference mean - paper. A zero-shot row shows
-`zero_shot_global` (CLIP on the whole test set, the paper's protocol); its per-client mean is in the CSV.
+its min over the seeds, the paper's number and the difference mean - paper. Every row is the mean over the
+clients, zero-shot CLIP's too; the zero-shot row also shows `zero_shot_global` (CLIP on the whole test set,
+the paper's protocol), which its difference from the paper is taken against.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Cell:
     zero_shot_global: dict[int, float] = field(default_factory=dict)
     zero_shot_client_mean: dict[int, float] = field(default_factory=dict)
     best_mean: dict[int, float] = field(default_factory=dict)
+    basis: dict[int, float] = field(default_factory=dict)  # seed -> the value the paper's number compares with
     missing: list[RunSpec] = field(default_factory=list)
     paper: float | None = None
 
@@ -65,8 +67,13 @@ class Cell:
         return min(self.worst.values()) if self.worst else None
 
     @property
+    def basis_mean(self) -> float | None:
+        """The mean of what the paper's number measures: the cell's value, or the row's `paper_basis`."""
+        return mean(list(self.basis.values())) if self.row.paper_basis else self.mean
+
+    @property
     def diff(self) -> float | None:
-        return None if self.mean is None or self.paper is None else self.mean - self.paper
+        return None if self.basis_mean is None or self.paper is None else self.basis_mean - self.paper
 
 
 def collect(grid: Grid, specs: list[RunSpec]) -> dict[tuple[str, str], Cell]:
@@ -89,6 +96,8 @@ def collect(grid: Grid, specs: list[RunSpec]) -> dict[tuple[str, str], Cell]:
             cell.missing.append(spec)
             continue
         cell.value[spec.seed] = float(value)
+        if spec.row.paper_basis and isinstance(summary.get(spec.row.paper_basis), (int, float)):
+            cell.basis[spec.seed] = float(summary[spec.row.paper_basis])
         clients = summary.get("final_client_accuracy") or summary.get("zero_shot_client_accuracy")
         if clients:
             cell.worst[spec.seed] = float(min(clients))
@@ -117,6 +126,8 @@ def cell_text(cell: Cell | None) -> str:
             text += f" [{cell.n}/{len(cell.seeds)} seeds]"
         if cell.worst:
             text += f" · worst {fmt(cell.worst_mean)} ({fmt(cell.worst_min)})"
+        if cell.row.paper_basis:
+            text += f" · whole test set {fmt(cell.basis_mean)}"
     if cell.paper is not None:
         text += f" · paper {fmt(cell.paper)}" + (f" (Δ {fmt(cell.diff, signed=True)})" if cell.diff is not None else "")
     return text
@@ -146,9 +157,11 @@ def row_average(grid: Grid, cells: dict, row: Row, columns: list[Column]) -> str
     return text
 
 
-LEGEND = ("Each cell: mean ± sample standard deviation over the seeds ([n/N seeds] when some are missing) · "
-          "worst: the worst client's final accuracy, mean over the seeds (min over the seeds) · paper: the "
-          "paper's number (Δ = mean − paper). Zero-shot CLIP: accuracy on the whole test set.")
+LEGEND = ("Each cell: the final accuracy as a mean over the clients of each client's accuracy on its own test "
+          "set, mean ± sample standard deviation over the seeds ([n/N seeds] when some are missing) · worst: the "
+          "worst client's final accuracy, mean over the seeds (min over the seeds) · paper: the paper's number "
+          "(Δ = mean − paper). Zero-shot CLIP is measured the same way; beside it, its accuracy on the whole test "
+          "set, the paper's zero-shot protocol, which its Δ compares with.")
 
 
 def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) -> str:
@@ -167,6 +180,12 @@ def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) ->
                      else f"{len(runs)} runs: " + ", ".join(s.name for s in runs))
             lines.append(f"- `{flags}`: {which}" if flags else f"- none: {which}")
         lines.append("")
+    weightings: dict[str, int] = {}
+    for spec in finished:
+        weightings[run_weighting(spec)] = weightings.get(run_weighting(spec), 0) + 1
+    if weightings:
+        lines += ["Server averaging of the shared prompts (each run's `method.weighting`): " + ", ".join(
+            f"{WEIGHTINGS.get(w, w)} ({n} runs)" for w, n in sorted(weightings.items())) + ".", ""]
     shown_rows = [r for r in grid.rows if any((r.key, c.key) in cells for c in grid.columns)]
     for section, columns in sections(grid).items():
         columns = [c for c in columns if any((r.key, c.key) in cells for r in shown_rows)]
@@ -189,6 +208,18 @@ def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) ->
         lines.append("")
     lines += [f"Note: {note}" for note in grid.notes]
     return "\n".join(lines).rstrip() + "\n"
+
+
+WEIGHTINGS = {"selected": "weighted by selected pseudo-labels", "data": "weighted by train images",
+              "uniform": "unweighted", "none": "no average (nothing shared, or statistics summed)"}
+
+
+def run_weighting(spec: RunSpec) -> str:
+    """How a finished run's server weighted the clients: its method's `weighting` ('none' for a method without
+    one: zero-shot, GDA-U)."""
+    summary = read_summary(spec.run_dir) or {}
+    method = (summary.get("settings") or {}).get("method") or {}
+    return (method.get("init_args") or {}).get("weighting", "none")
 
 
 # CSV field -> Cell attribute.

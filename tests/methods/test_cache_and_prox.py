@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from fedur.methods.cache import build_cache, cache_logits
+from fedur.methods.cache import build_cache, cache_logits, shots_per_class
 from fedur.methods.proximal import proximal_term
 
 
@@ -53,3 +53,23 @@ def test_proximal_term_is_zero_at_the_anchor_and_for_no_params():
     assert proximal_term([], [], mu=0.5).item() == 0.0
     with pytest.raises(ValueError):
         proximal_term([p], [], mu=0.5)
+
+
+def test_a_cached_sample_does_not_vote_for_itself():
+    keys = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.6, 0.8]]), dim=-1)  # two cached samples
+    values = torch.eye(2)
+    query = keys[:1]  # the first cached sample itself, as a training batch shows it
+    with_self = cache_logits(query, keys, values, alpha=1.0, beta=2.0)
+    without = cache_logits(query, keys, values, alpha=1.0, beta=2.0, self_vote=False)
+    assert with_self[0, 0].item() == pytest.approx(1.0)  # its own key: exp(0)
+    assert without[0, 0].item() == 0.0  # ... gone
+    assert without[0, 1].item() == pytest.approx(math.exp(-2.0 * (1 - 0.6)))  # the other sample still votes
+
+
+def test_shots_per_class_keeps_the_most_confident_of_each_class():
+    labels = torch.tensor([0, 0, 0, 1, 2, 2, 0])
+    confidence = torch.tensor([0.5, 0.9, 0.7, 0.4, 0.8, 0.8, 0.9])
+    # class 0: 0.9 at positions 1 and 6 (tie: the lower first), then 0.7; class 1: its one; class 2: both (tied)
+    assert shots_per_class(labels, confidence, 2).tolist() == [1, 3, 4, 5, 6]
+    assert shots_per_class(labels, confidence, 1).tolist() == [1, 3, 4]
+    assert shots_per_class(labels[:0], confidence[:0], 3).tolist() == []
