@@ -122,7 +122,11 @@ class OptimConfig:
     """Local prompt tuning: SGD with a cosine schedule over one pseudo-label period."""
 
     lr: PositiveFloat = 0.1
-    """Peak learning rate; cosine-decayed over refresh_every * local_epochs epochs, restarting at each refresh."""
+    """Peak learning rate; cosine-decayed over refresh_every * local_epochs epochs, restarting at each refresh
+    (optim.schedule)."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """The learning rate over a pseudo-label period: cosine decay from optim.lr, restarting at each refresh
+    (FedUR's and FedCoPL's), or constant (FedOTP's released scripts: StepLR with gamma 1)."""
     momentum: NonNegativeFloat = 0.9
     """SGD momentum."""
     weight_decay: NonNegativeFloat = 0.05

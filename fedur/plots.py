@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # before pyplot: fedur runs on clusters without a display
 
@@ -82,6 +83,83 @@ def line_plot(
     if 0 < len(series) <= 20:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     return fig
+
+
+Series = dict[str, tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]]
+
+
+def band_plot(series: Series, title: str, xlabel: str, ylabel: str, log_x: bool = False) -> Figure:
+    """One line per name -> (xs, means, lows, highs), with a shaded band from low to high (e.g. the seeds'
+    spread); the legend (up to 24 names) to the right of the axes."""
+    return band_panels({"": series}, title, xlabel, ylabel, log_x)
+
+
+def band_panels(panels: dict[str, Series], title: str, xlabel: str, ylabel: str, log_x: bool = False) -> Figure:
+    """`band_plot` with one panel per name (side by side, each with its own y scale); the legend of the last."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.0 + 4.0 * len(panels), 5.0), layout="constrained", squeeze=False)
+    for ax, (panel, series) in zip(axes[0], panels.items()):
+        for name, (xs, means, lows, highs) in series.items():
+            (line,) = ax.plot(list(xs), list(means), marker="o", markersize=3, linewidth=1.5, label=name)
+            if any(lo != hi for lo, hi in zip(lows, highs)):
+                ax.fill_between(list(xs), list(lows), list(highs), color=line.get_color(), alpha=0.15, linewidth=0)
+        xs_all = sorted({float(x) for xs, *_ in series.values() for x in xs})
+        if log_x:
+            ax.set_xscale("log")
+            ax.set_xticks(xs_all)
+            ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        elif xs_all and all(x.is_integer() for x in xs_all):
+            ax.get_xaxis().set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        if panel:
+            ax.set_title(panel, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.grid(True, color="0.9")
+    axes[0][0].set_ylabel(ylabel)
+    fig.suptitle(title)
+    if 0 < len(list(panels.values())[-1]) <= 24:
+        axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    return fig
+
+
+def bar_chart(
+    groups: Sequence[str],
+    bars: dict[str, tuple[Sequence[float | None], Sequence[float | None], Sequence[float | None]]],
+    title: str,
+    ylabel: str,
+) -> Figure:
+    """Grouped bars: for each name -> (values, errors, marks), one bar per group (None: no bar) with its error
+    bar, and a black tick at its mark (e.g. the worst client's accuracy)."""
+    n_bars = max(len(bars), 1)
+    width = 0.8 / n_bars
+    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.35 * len(groups) * n_bars + 3.0), 22.0), 5.0), layout="constrained")
+    for i, (name, (values, errors, marks)) in enumerate(bars.items()):
+        xs = [g + (i - (n_bars - 1) / 2) * width for g in range(len(groups))]
+        present = [(x, v, e or 0.0, m) for x, v, e, m in zip(xs, values, errors, marks) if v is not None]
+        if not present:
+            continue
+        px, pv, pe, pm = zip(*present)
+        ax.bar(px, pv, width=width * 0.95, yerr=pe, capsize=2, label=name, error_kw={"linewidth": 0.8})
+        marked = [(x, m) for x, m in zip(px, pm) if m is not None]
+        if marked:
+            ax.scatter(*zip(*marked), marker="_", s=120, color="black", linewidths=1.5, zorder=3,
+                       label="worst client" if i == 0 else None)
+    ax.set_xticks(range(len(groups)), list(groups), rotation=20 if len(groups) > 4 else 0, fontsize=8)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis="y", color="0.9")
+    ax.set_axisbelow(True)
+    if 0 < len(bars) <= 24:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    return fig
+
+
+def save_figure(fig: Figure, stem: Path) -> list[Path]:
+    """`fig` as stem.png and stem.pdf; closes it and returns the two paths."""
+    paths = [stem.parent / f"{stem.name}.png", stem.parent / f"{stem.name}.pdf"]  # not with_suffix: join0.1
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return paths
 
 
 def save(fig: Figure, path: Path | None) -> None:

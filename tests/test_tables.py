@@ -16,7 +16,7 @@ import pytest
 
 from fedur.config import GROUPS, PLUGINS
 from fedur.tables import cli
-from fedur.tables.grids import GRIDS, config_path, expand
+from fedur.tables.grids import GRIDS, config_path, expand, preset_config
 from fedur.tables.paper import DATASETS_T1, PAPER, PAPER_AVERAGE, TABLE7_GAINS
 from fedur.tables.runner import Inputs, command
 
@@ -258,6 +258,8 @@ def test_grids_resolve_to_configs_and_real_settings():
         assert len({r.key for r in grid.rows}) == len(grid.rows) and len({c.key for c in grid.columns}) == len(grid.columns)
         for column in grid.columns:
             assert config_path(column.config).is_file(), (grid.name, column.config)
+            for row in grid.rows:  # every baseline has its own settings for every column ('own' protocol)
+                assert row.preset is None or config_path(preset_config(row, column)).is_file(), (grid.name, row.key)
             for flag, value in flag_pairs(column.flags):
                 check_flag(flag, value)
         for flag, value in flag_pairs(grid.flags) + [p for r in grid.rows for p in flag_pairs(r.flags)]:
@@ -329,3 +331,96 @@ def test_fedur_tables_works_from_an_installed_wheel(tmp_path):
                             "--out", str(away / "tables")], cwd=away, capture_output=True, text=True, timeout=300,
                            env={"PATH": os.environ["PATH"]})
     assert proxy.returncode == 2 and "--model-dir DIR or $FEDUR_TINY_CLIP" in proxy.stderr
+
+
+def test_figures_from_hand_written_runs(tmp_path, capsys):
+    """fedur-tables writes Figure 3 (accuracy against K and the joining rate, a band over the seeds), Figure 2 (the
+    prompt divergence per round, visual and text) and a bar chart per table section, as PNG and PDF; the lines
+    are the cells' numbers."""
+    from fedur.tables.figures import divergence_series, figure3_series
+    from fedur.tables.render import collect
+
+    out = tmp_path / "tables"
+    grid = GRIDS["figure3"]
+    specs = expand(grid, [1, 2], out, rows=["fedur", "promptfl+fpl"])
+    for spec in specs:
+        x = float(spec.column.setting.removeprefix("clients").removeprefix("join"))
+        final = 50.0 + x / 10 + spec.seed + (5.0 if spec.row.key == "fedur" else 0.0)
+        write_summary(spec.run_dir, final_mean_accuracy=final, final_client_accuracy=[final - 10, final + 10])
+        divergence = {"visual": {"drift_diversity": 0.1 * spec.seed}, "text_ctx": {"drift_diversity": 0.2}}
+        if spec.row.key != "fedur":  # PromptFL: a text prompt only, no Figure 2 line
+            divergence = {"text_ctx": {"drift_diversity": 0.3}}
+        lines = [json.dumps({"round": r, "prompt_divergence": divergence}) for r in range(3)]
+        (spec.run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert cli.main(["figure3", "--out", str(out), "--table-only", "--seeds", "1,2", "--rows", "fedur,promptfl+fpl"]) == 0
+
+    folder = out / "figure3"
+    printed = capsys.readouterr().out
+    for stem in ("figure3-clients", "figure3-join", "figure2-cifar10-clients10", "table-cifar10-number-of-clients-all-join",
+                 "table-cifar10-joining-rate-10-clients"):
+        for suffix, magic in ((".png", b"\x89PNG"), (".pdf", b"%PDF")):
+            path = folder / f"{stem}{suffix}"
+            assert path.is_file() and path.read_bytes()[:4] == magic and path.stat().st_size > 5000, path
+        assert f"{folder / stem}.png" in printed
+
+    cells = collect(grid, [s for s in expand(grid, [1, 2], out) if s.row.key in ("fedur", "promptfl+fpl")])
+    clients = figure3_series(grid, cells, "clients")
+    xs, means, lows, highs = clients["FedUR CoDPL, cifar10"]
+    assert xs == [5.0, 10.0, 20.0, 50.0, 100.0]
+    assert means == pytest.approx([55.0 + x / 10 + 1.5 for x in xs]) and highs == pytest.approx([56.0 + x / 10 + 1 for x in xs])
+    assert lows == pytest.approx([55.0 + x / 10 + 1 for x in xs])
+    assert figure3_series(grid, cells, "join")["PromptFL FPL, cifar10"][0] == [0.1, 0.2, 0.5]
+
+    curves = divergence_series([s for s in specs if s.column.key == "cifar10-clients10"])
+    assert curves.keys() == {"visual", "text_ctx"} and set(curves["visual"]) == {"FedUR CoDPL"}  # PromptFL: no visual
+    assert set(curves["text_ctx"]) == {"FedUR CoDPL"}
+    rounds, mean, low, high = curves["visual"]["FedUR CoDPL"]
+    assert rounds == [1, 2, 3] and mean == pytest.approx([0.15] * 3) and (low, high) == (pytest.approx([0.1] * 3), pytest.approx([0.2] * 3))
+
+
+def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
+    """table7-own: the same rows and columns as table7, in a folder of their own, each baseline with its published
+    settings (configs/presets/) over the column's config and under the row's method; rows without a preset
+    (FedUR, FedCoPL, zero-shot) as in the paper's protocol. The table says which protocol it shows."""
+    from fedur.main import parse_config
+    from fedur.tables.grids import PRESETS, with_protocol
+
+    own, paper = GRIDS["table7-own"], GRIDS["table7"]
+    assert (own.rows, own.columns, own.protocol, paper.protocol) == (paper.rows, paper.columns, "own", "fedur")
+    assert {f"{name}-own" for name, g in GRIDS.items() if g.protocol == "fedur" and any(r.preset for r in g.rows)} == {
+        name for name, g in GRIDS.items() if g.protocol == "own"}
+    assert "table7-own" in GRIDS and "tiny-own" not in GRIDS and "demo-table1-own" in GRIDS
+    with pytest.raises(ValueError, match="unknown protocol 'mine'; use one of fedur, own"):
+        with_protocol(paper, "mine")
+
+    expected = {  # method class, lr, local epochs, n_ctx, schedule, weighting: the presets' published settings
+        "promptfl": ("PromptFL", 0.001, 5, 16, "cosine", "uniform"),
+        "promptprox": ("PromptProx", 0.001, 1, 16, "constant", "data"),
+        "pfedprompt": ("PFedPrompt", 0.001, 5, 16, "cosine", "uniform"),
+        "fedotp": ("FedOTP", 0.001, 1, 4, "constant", "data"),
+    }
+    assert set(PRESETS) == set(expected)
+    assert {r.preset for r in own.rows} == set(expected) and all(c.presets == "presets" for c in own.columns)
+    spec = {s.row.key: s for s in expand(own, [1], tmp_path) if s.column.key == "cifar10-beta0.1"}
+    for key, (cls, lr, epochs, n_ctx, schedule, weighting) in expected.items():
+        cmd = command(spec[f"{key}+codpl"], Inputs(data_root="/data"))
+        assert cmd[cmd.index("--config") + 3] == str(config_path(f"presets/{key}.yaml"))  # after the column's config
+        cfg, _ = parse_config(cmd[cmd.index("--config"):])
+        assert type(cfg.method).__name__ == cls and type(cfg.labeller).__name__ == "CoDPL"
+        assert (cfg.optim.lr, cfg.federation.local_epochs, cfg.model.n_ctx, cfg.optim.schedule) == (lr, epochs, n_ctx, schedule)
+        assert cfg.method.weighting == weighting and cfg.federation.num_clients == 10  # the column's clients
+    assert spec["fedotp+codpl"].run_dir.is_relative_to(tmp_path / "table7-own")
+    table1 = {s.row.key: s for s in expand(GRIDS["table1-own"], [1], tmp_path)}
+    assert command(table1["fedur"], Inputs(data_root="/data")).count("--config") == 1
+    assert command(table1["promptfl+fpl"], Inputs(data_root="/data")).count("--config") == 2
+    same = command(expand(paper, [1], tmp_path)[-1], Inputs(data_root="/data"))
+    assert same.count("--config") == 1  # the paper's protocol: no preset
+
+    out = tmp_path / "tables"
+    for s in expand(own, [1], out, rows=["promptfl+codpl"], columns=["cifar10-beta0.1"]):
+        write_summary(s.run_dir, final_mean_accuracy=80.0, final_client_accuracy=[70.0, 90.0])
+    assert cli.main(["table7-own", "--out", str(out), "--table-only", "--seeds", "1", "--rows", "promptfl+codpl",
+                     "--columns", "cifar10-beta0.1"]) == 0
+    markdown = (out / "table7-own" / "table.md").read_text()
+    assert "Protocol: each baseline with settings of its own over the column's (configs/presets/: its published" in markdown
+    assert "The presets: configs/presets/fedotp.yaml" in markdown

@@ -2,8 +2,11 @@
 
 pFedPrompt (WWW 2023) has no public code; the cache follows Tip-Adapter (Zhang et al., ECCV 2022,
 `gaopengcuhk/Tip-Adapter`, main.py: `cache_logits = ((-1) * (beta - beta * affinity)).exp() @ cache_values`,
-`tip_logits = clip_logits + cache_logits * alpha`, defaults alpha = 1, beta = 5.5, against CLIP's logit scale
-100), whose cache holds K shots per class (16 at most): a bounded, class-balanced set of labelled features.
+`tip_logits = clip_logits + cache_logits * alpha`, against CLIP's logit scale 100), whose cache holds K shots
+per class (16 at most): a bounded, class-balanced set of labelled features. fedur's defaults alpha = 1,
+beta = 5.5 are the values the Tip-Adapter paper reports (its ablations, ImageNet); its released code (@d0e2d6f) does not
+carry them: configs/*.yaml start from beta 1 and alpha 1.17-10 per dataset and then search both on the
+validation set, which an unsupervised client cannot do.
 """
 
 from __future__ import annotations

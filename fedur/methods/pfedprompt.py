@@ -44,8 +44,9 @@ class PFedPrompt(Method):
     ) -> None:
         """
         Args:
-            cache_alpha: Weight of the cache logits alpha * exp(-beta (1 - f k)) v (Tip-Adapter's default 1).
-            cache_beta: Sharpness beta of the cache's affinities (Tip-Adapter's default).
+            cache_alpha: Weight of the cache logits alpha * exp(-beta (1 - f k)) v (1: the Tip-Adapter paper's value;
+                its code searches alpha per dataset on labelled validation data).
+            cache_beta: Sharpness beta of the cache's affinities (5.5: the Tip-Adapter paper's value).
             cache_shots: Pseudo-labelled samples cached per class, the most confident (Tip-Adapter's K; 16)
                 [guess: pFedPrompt's own number is not published]; null: every selected sample (fedur's
                 earlier form).

@@ -20,7 +20,11 @@ every epoch). Each image gets one caption, drawn from two families:
 
 The contrastive loss is CLIP's, over the distinct captions of a batch (many images share a caption):
 image -> caption is a cross-entropy over the batch's distinct captions, caption -> image spreads its
-target uniformly over the images with that caption (UniCL, Yang et al. 2022).
+target uniformly over the images with that caption (UniCL, Yang et al. 2022). It is applied twice: to the
+pooled (class) token, CLIP's image embedding, and (weighted `patch_weight`) to the mean of the projected
+patch tokens, a second image embedding, so that the patch tokens carry the class too. Methods that read
+patch tokens (FedOTP's optimal transport) then start near the class token's zero-shot accuracy, as they
+do with a pretrained CLIP, instead of from untrained tokens.
 
 Runs are deterministic: seeded init, seeded images and captions, a fixed thread count and
 `torch.use_deterministic_algorithms(True)` give the same weights bit for bit on the same machine.
@@ -37,6 +41,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +53,9 @@ from torch import Tensor, nn
 from fedur.data.cache import split_preprocess
 from fedur.data.loaders import BatchNormalize
 from fedur.data.synthetic import CLASSNAMES, generate
+from fedur.methods.fedotp_math import ot_logits
 from fedur.model.classifier import PromptedCLIP
-from fedur.model.clip import load_clip
+from fedur.model.clip import encode_image_prompted, load_clip
 
 MODEL_NAME = "fedur-demo"
 CONFIG_FILE = Path(__file__).parent / "configs" / f"{MODEL_NAME}.json"
@@ -110,11 +116,30 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, caption_ids:
     return (image_to_text + text_to_image) / 2
 
 
-def train(
-    seed: int, epochs: int, per_class: int, batch_size: int, lr: float, weight_decay: float,
-    name_share: float, log: Callable[[str], None] = print,
-) -> nn.Module:
+@dataclass(frozen=True)
+class Recipe:
+    """The training run's settings (each a flag of `python -m fedur.model.demo_clip`)."""
+
+    epochs: int = 16  # each over freshly generated images
+    per_class: int = 1000  # training images per class and epoch
+    batch_size: int = 256
+    lr: float = 2e-3  # peak AdamW learning rate (warm-up, cosine)
+    weight_decay: float = 0.1
+    name_share: float = 0.6  # share of name captions (the rest describe)
+    patch_weight: float = 1.0  # weight of the patch-token embedding's contrastive loss (0: the class token only)
+
+
+def embeddings(model: nn.Module, images: Tensor) -> tuple[Tensor, Tensor]:
+    """The two unit-norm image embeddings (B, D) each: the pooled (class) token's, and the mean of the patch
+    tokens, each after ln_post and the projection (as FedOTP reads them)."""
+    tokens = encode_image_prompted(model.visual, images, None, return_tokens=True)  # (B, 1 + M, D)
+    return F.normalize(tokens[:, 0], dim=-1), F.normalize(tokens[:, 1:].mean(dim=1), dim=-1)
+
+
+def train(seed: int, recipe: Recipe, log: Callable[[str], None] = print) -> nn.Module:
     """Contrastive training from a seeded random init on fresh generated images every epoch."""
+    epochs, per_class, batch_size, lr = recipe.epochs, recipe.per_class, recipe.batch_size, recipe.lr
+    weight_decay, name_share = recipe.weight_decay, recipe.name_share
     open_clip.add_model_config(CONFIG_FILE)
     torch.manual_seed(seed)
     model = open_clip.create_model(MODEL_NAME)
@@ -146,9 +171,15 @@ def train(
             lr_now = lr * min((step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * step / total)))
             for group in optimizer.param_groups:
                 group["lr"] = lr_now
-            image_features = F.normalize(model.encode_image(x[torch.from_numpy(idx)]), dim=-1)  # (B, D)
+            batch, ids, scale = x[torch.from_numpy(idx)], torch.from_numpy(caption_ids), model.logit_scale.exp()
             text_features = F.normalize(model.encode_text(tokenizer(distinct.tolist())), dim=-1)  # (U, D)
-            loss = contrastive_loss(image_features, text_features, torch.from_numpy(caption_ids), model.logit_scale.exp())
+            if recipe.patch_weight:
+                pooled, patches = embeddings(model, batch)  # (B, D) each
+                loss = contrastive_loss(pooled, text_features, ids, scale)
+                loss = loss + recipe.patch_weight * contrastive_loss(patches, text_features, ids, scale)
+            else:  # the class token alone, through open_clip's own path
+                image_features = F.normalize(model.encode_image(batch), dim=-1)  # (B, D)
+                loss = contrastive_loss(image_features, text_features, ids, scale)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -165,6 +196,18 @@ def image_features(model: nn.Module, images: np.ndarray, normalize: BatchNormali
     """Unit-norm image features (N, D) of uint8 images (N, H, W, 3)."""
     chunks = [model.encode_image(to_input(images[i : i + batch_size], normalize)) for i in range(0, len(images), batch_size)]
     return F.normalize(torch.cat(chunks), dim=-1)
+
+
+@torch.no_grad()
+def patch_zero_shot(model: nn.Module, images: Tensor, text: Tensor, labels: Tensor) -> tuple[float, float]:
+    """Zero-shot accuracy from the patch tokens: their mean against the template's class features `text` (C, D),
+    and FedOTP's unbalanced optimal transport over them with both of its prompts set to the template (its
+    defaults: eps 0.1, 80% of the mass), before any training."""
+    tokens = F.normalize(encode_image_prompted(model.visual, images, None, return_tokens=True), dim=-1)  # (N, 1 + M, D)
+    patches = tokens[:, 1:]  # (N, M, D)
+    mean_hits = (F.normalize(patches.mean(dim=1), dim=-1) @ text.t()).argmax(dim=-1).eq(labels).float().mean()
+    transport = ot_logits(patches, torch.stack([text, text]), model.logit_scale.exp())  # (N, C)
+    return float(mean_hits), float(transport.argmax(dim=-1).eq(labels).float().mean())
 
 
 def linear_probe(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, l2: float = 1e-4) -> float:
@@ -200,6 +243,7 @@ def evaluate(
     with torch.no_grad():
         text = F.normalize(model.encode_text(tokenizer([TEMPLATE.format(c) for c in CLASSNAMES])), dim=-1)  # (C, D)
         probs = (model.logit_scale.exp() * test_features @ text.t()).softmax(dim=-1)  # (N, C)
+        patch_mean, transport = patch_zero_shot(model, to_input(test_images, normalize), text, torch.from_numpy(test_labels))
         random_context = np.mean([  # fedur's text prompt at init (4 context vectors), run seeds 0-4
             (test_features @ PromptedCLIP(clip, CLASSNAMES, 4, 0, None, CONTEXT_STD, seed).text_features().t())
             .argmax(dim=-1).eq(torch.from_numpy(test_labels)).float().mean().item()
@@ -220,6 +264,8 @@ def evaluate(
         "confusion": confusion.tolist(),
         "linear_probe_accuracy": round(100 * probe, 2),
         "random_context_accuracy": round(100 * float(random_context), 2),
+        "patch_mean_zero_shot_accuracy": round(100 * patch_mean, 2),
+        "fedotp_transport_zero_shot_accuracy": round(100 * transport, 2),
         "logit_scale": round(float(model.logit_scale.detach().exp()), 3),
         "mean_max_softmax": round(float(probs.max(dim=-1).values.mean()), 4),
         "test_images": f"generate({num_classes}, {test_per_class}, {size}, seed={TEST_SEED})",
@@ -242,12 +288,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for fedur-demo.pt, .card.json and .md")
     parser.add_argument("--seed", type=int, default=0, help="init, image, caption and batch-order seed")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the weights depend on it; 1 is fastest on shared cores)")
-    parser.add_argument("--epochs", type=int, default=16, help="epochs, each over freshly generated images")
-    parser.add_argument("--per-class", type=int, default=1000, help="training images per class and epoch")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate (warm-up, cosine)")
-    parser.add_argument("--weight-decay", type=float, default=0.1)
-    parser.add_argument("--name-share", type=float, default=0.6, help="share of name captions (the rest describe)")
+    defaults = Recipe()
+    parser.add_argument("--epochs", type=int, default=defaults.epochs, help="epochs, each over freshly generated images")
+    parser.add_argument("--per-class", type=int, default=defaults.per_class, help="training images per class and epoch")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="peak AdamW learning rate (warm-up, cosine)")
+    parser.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
+    parser.add_argument("--name-share", type=float, default=defaults.name_share, help="share of name captions (the rest describe)")
+    parser.add_argument("--patch-weight", type=float, default=defaults.patch_weight,
+                        help="weight of the contrastive loss on the mean of the patch tokens (0: the class token only)")
     return parser.parse_args(argv)
 
 
@@ -257,10 +306,9 @@ def main(argv: list[str] | None = None) -> dict:
     torch.use_deterministic_algorithms(True)
     torch.utils.deterministic.fill_uninitialized_memory = False  # NaN-filling every new tensor costs 10x here
     start = time.perf_counter()
-    model = train(
-        args.seed, args.epochs, args.per_class, args.batch_size, args.lr, args.weight_decay,
-        args.name_share,
-    )
+    recipe = Recipe(args.epochs, args.per_class, args.batch_size, args.lr, args.weight_decay, args.name_share,
+                    args.patch_weight)
+    model = train(args.seed, recipe)
     train_seconds = time.perf_counter() - start
     out = Path(args.out)
     weights = out / f"{MODEL_NAME}.pt"
@@ -370,6 +418,11 @@ the absorbed classes, but its most confident predictions of every class are most
   trained on {ev['probe_images']}): **{ev['linear_probe_accuracy']:.1f} %**, {gain:.1f} points above zero-shot
 - zero-shot with a random 4-vector context instead of "a photo of a" (fedur's prompt at init):
   {ev['random_context_accuracy']:.1f} %
+- zero-shot from the patch tokens (the template against them, before any training; what FedOTP reads):
+  their mean **{ev.get('patch_mean_zero_shot_accuracy', float('nan')):.1f} %**; FedOTP's unbalanced optimal transport
+  over them, both prompts set to the template **{ev.get('fedotp_transport_zero_shot_accuracy', float('nan')):.1f} %**
+  (the model is trained on the patch tokens' mean as a second image embedding, weight
+  {card['args'].get('patch_weight', 0)}, so that methods reading them start where CLIP's class token does)
 - predicted-class histogram: {histogram}
 - logit scale {ev['logit_scale']:.1f}; mean top-1 softmax {ev['mean_max_softmax']:.2f}
 

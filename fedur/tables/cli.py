@@ -239,7 +239,9 @@ def report(grid: Grid, specs: list[RunSpec], seeds: list[int], folder: Path, fai
         print(f"ran {ran} run(s): {ran - len(failed)} finished, {len(failed)} failed")
     for outcome in failed:
         print(f"  FAILED {outcome.spec.name}: log {outcome.spec.log}\n    {outcome.message}")
-    print("table: " + ", ".join(map(str, files)))
+    print("table: " + ", ".join(map(str, files[:3])))
+    if files[3:]:
+        print("figures: " + ", ".join(str(f) for f in files[3:] if f.suffix == ".png") + " (and each as .pdf)")
     return 1 if failed else 0
 
 

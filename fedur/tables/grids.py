@@ -9,7 +9,7 @@ Change a grid here and nowhere else; `tests/test_tables.py` checks that every co
 from __future__ import annotations
 
 import importlib.resources
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
@@ -38,6 +38,7 @@ class Row:
     flags: tuple[str, ...]  # fedur flags of this row
     value: str = FINAL  # the summary.json key the cell shows
     paper_basis: str | None = None  # the summary.json key the paper's number compares with, when not `value`
+    preset: str | None = None  # the method whose own settings the 'own' protocol adds (Column.presets/<preset>.yaml)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Column:
     dataset: str  # paper.py dataset key; also the folder of --data-root DIR/<dataset>
     setting: str  # paper.py setting key
     flags: tuple[str, ...] = ()
+    presets: str = "presets"  # configs/<presets>/<method>.yaml: the baselines' own settings for this column
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Grid:
     uses_data_root: bool = True  # the runs read --data-root (not for generated data)
     uses_model_dir: bool = False  # the runs read the tiny-clip folder (--model-dir)
     notes: tuple[str, ...] = field(default_factory=tuple)  # printed under the table
+    protocol: str = "fedur"  # "own": every row with a preset runs with it (`with_protocol`)
 
 
 # Row keys (paper.py's) -> the class fedur's --method / --labeller take.
@@ -73,9 +76,20 @@ METHOD_CLASSES = {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL"
 LABELLER_CLASSES = {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
 
 
+# The baselines with settings of their own (configs/presets/<method>.yaml, their published ones): what the 'own'
+# protocol's grids (table7-own, ...) run them with.
+PRESETS = ("promptfl", "promptprox", "pfedprompt", "fedotp")
+
+
+def preset_config(row: Row, column: Column) -> str | None:
+    """The config the 'own' protocol adds for this row in this column (relative to configs/), or None."""
+    return f"{column.presets}/{row.preset}.yaml" if row.preset else None
+
+
 def method_row(method: str, labeller: str | None, labels: tuple[str, str]) -> Row:
     flags = ("--method", METHOD_CLASSES[method]) + (("--labeller", LABELLER_CLASSES[labeller]) if labeller else ())
-    return Row(key=f"{method}+{labeller}" if labeller else method, labels=labels, flags=flags)
+    return Row(key=f"{method}+{labeller}" if labeller else method, labels=labels, flags=flags,
+               preset=method if method in PRESETS else None)
 
 
 ZERO_SHOT_ROW = Row("zeroshot", ("CLIP (zero-shot)", "-"), ("--method", "ZeroShot"), paper_basis=ZERO_SHOT)
@@ -172,6 +186,12 @@ PROXY_COLUMN = Column("cifar10-tinyclip", "CIFAR10 (tiny-clip proxy)", "CPU prox
 PROXY_NOTE = ("proxy: the paper's number is ViT-B/32 CLIP on CIFAR10 beta 0.1 (full schedule); these runs use the "
               "8M-parameter tiny-clip on a 5% sample for 10 short rounds. Compare orderings and gaps, not values.")
 
+DEMO_COLUMN = Column("demo", "demo", "demo: fedur-demo on ten generated shapes, 4 clients, Dirichlet β = 0.5, 5 rounds",
+                     "smoke.yaml", "synthetic", "demo", presets="presets/demo")
+DEMO_FLAGS = ("--federation.partition_seed", "{seed}")  # a demo of its own per seed, as benchmarks/demo_learning.py
+DEMO_NOTE = ("demo: configs/smoke.yaml, offline in seconds per run; each seed draws its own images and split. No paper "
+             "numbers: compare the methods' order and gaps.")
+
 TABLE1_NOTES = ("Table 1: ViT-B/32, Dirichlet label skew; 10 clients (5 for CUB and UCF101), 20 rounds x 10 local epochs.",)
 
 GRIDS: dict[str, Grid] = {
@@ -210,6 +230,14 @@ GRIDS: dict[str, Grid] = {
         "proxy-table7", "Table 7 rows on the CPU proxy (tiny-clip, CIFAR10, β = 0.1)", LABELLER_ROWS, (PROXY_COLUMN,),
         ("Method", "PL"), paper_tables=("table7", "table1"), paper_note=PROXY_NOTE, uses_model_dir=True, notes=(PROXY_NOTE,),
     ),
+    "demo-table1": Grid(
+        "demo-table1", "Table 1 rows on the demo (fedur-demo CLIP, generated shapes, β = 0.5)", PAPER_ROWS, (DEMO_COLUMN,),
+        ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(DEMO_NOTE,),
+    ),
+    "demo-table7": Grid(
+        "demo-table7", "Table 7 rows on the demo (fedur-demo CLIP, generated shapes, β = 0.5)", LABELLER_ROWS,
+        (DEMO_COLUMN,), ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(DEMO_NOTE,),
+    ),
     "tiny": Grid(
         "tiny", "tiny: the mechanics tests' model and data (does not learn)",
         (method_row("fedur", None, ("FedUR", "CoDPL")), method_row("fedcopl", None, ("FedCoPL", "CoPL"))),
@@ -219,9 +247,35 @@ GRIDS: dict[str, Grid] = {
 }
 
 
+PROTOCOLS = {
+    "fedur": "every row with the column's settings, FedUR's (the paper's implementation details give lr 0.1, 10 local "
+             "epochs, 16 context vectors and a cosine schedule for all its experiments)",
+    "own": "each baseline with settings of its own over the column's (configs/presets/: its published learning rate, "
+           "local epochs, context length, schedule and server weighting; on the demo configs/presets/demo/: the "
+           "learning rate a sweep on the demo chose for it); FedUR, FedCoPL, GDA-U and zero-shot as in the paper",
+}
+
+
+def with_protocol(grid: Grid, protocol: str) -> Grid:
+    """`grid` under a protocol: 'fedur' (the grid as it is) or 'own', a grid of its own (its runs in
+    <grid>-own/) whose baseline rows run with their presets (`preset_config`)."""
+    if protocol == "fedur":
+        return grid
+    if protocol != "own":
+        raise ValueError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
+    presets = sorted({preset_config(r, c) for r in grid.rows for c in grid.columns if r.preset})
+    return replace(grid, name=f"{grid.name}-own", title=f"{grid.title}; baselines with their own settings",
+                   protocol="own", notes=(*grid.notes, f"The presets: {', '.join(f'configs/{p}' for p in presets)}."))
+
+
 def config_path(config: str) -> Path:
     """A grid's config file (`Column.config`) in fedur's configs/."""
     return CONFIGS / config
+
+
+# Every grid with baseline rows also under the baselines' own protocol: fedur-tables table7-own, ...
+GRIDS.update({f"{name}-own": with_protocol(grid, "own") for name, grid in list(GRIDS.items())
+              if any(row.preset for row in grid.rows)})
 
 
 @dataclass(frozen=True)

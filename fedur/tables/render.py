@@ -16,7 +16,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedur.tables.grids import Column, Grid, Row, RunSpec
+from fedur.tables.figures import write_figures
+from fedur.tables.grids import PROTOCOLS, Column, Grid, Row, RunSpec
 from fedur.tables.paper import PAPER_AVERAGE, paper_value
 from fedur.tables.runner import extra_flags, read_summary
 
@@ -168,7 +169,7 @@ def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) ->
     done = sum(c.n for c in cells.values())
     lines = [f"# {grid.title}", "",
              f"`fedur-tables {grid.name}`, seeds {', '.join(map(str, seeds))}: {done} of {len(specs)} runs finished.", "",
-             LEGEND, ""]
+             LEGEND, "", f"Protocol: {PROTOCOLS[grid.protocol]}.", ""]
     finished = [s for s in specs if (s.run_dir / "summary.json").is_file()]
     extras: dict[str, list[RunSpec]] = {}
     for spec in finished:
@@ -276,9 +277,10 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def render(grid: Grid, specs: list[RunSpec], seeds: list[int], folder: Path) -> tuple[dict, list[Path]]:
-    """Write folder/table.md, table.csv (the paper's shape) and cells.csv (one line per cell)."""
+    """Write folder/table.md, table.csv (the paper's shape), cells.csv (one line per cell) and the figures
+    (fedur/tables/figures.py), as PNG and PDF."""
     cells = collect(grid, specs)
     files = [folder / "table.md", folder / "table.csv", folder / "cells.csv"]
     for path, text in zip(files, (markdown(grid, cells, specs, seeds), wide_csv(grid, cells), long_csv(grid, cells))):
         write_atomic(path, text)
-    return cells, files
+    return cells, files + write_figures(grid, cells, specs, folder)

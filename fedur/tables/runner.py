@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedur.tables.grids import RunSpec, config_path
+from fedur.tables.grids import RunSpec, config_path, preset_config
 from fedur.train import checkpoint
 from fedur.train.run_dir import changed_settings
 
@@ -96,7 +96,11 @@ def command(spec: RunSpec, inputs: Inputs) -> list[str]:
         head = [*launcher, str(MAIN)] if program in SCRIPT_LAUNCHERS else [*launcher, sys.executable, str(MAIN)]
     else:
         head = [sys.executable, "-m", "fedur.main"]
-    cmd = [*head, "--config", str(config_path(spec.column.config)), *spec.column.flags, *spec.grid.flags, *spec.row.flags]
+    own = preset_config(spec.row, spec.column) if spec.grid.protocol == "own" else None
+    preset = ["--config", str(config_path(own))] if own else []
+    grid_flags = [flag.replace("{seed}", str(spec.seed)) for flag in spec.grid.flags]  # e.g. a partition per seed
+    cmd = [*head, "--config", str(config_path(spec.column.config)), *preset, *spec.column.flags, *grid_flags,
+           *spec.row.flags]
     root = data_root_for(spec, inputs.data_root)
     if root:
         cmd += ["--dataset.root", root]

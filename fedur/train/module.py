@@ -77,7 +77,14 @@ class PromptTuner(L.LightningModule):
         optimizer = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
         first_epoch = (round_idx % o.refresh_every) * o.local_epochs
         schedule = partial(cosine_factor, first_epoch=first_epoch, total_epochs=o.refresh_every * o.local_epochs)
+        if o.schedule == "constant":
+            schedule = constant_factor
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": LambdaLR(optimizer, schedule), "interval": "epoch"}}
+
+
+def constant_factor(epoch: int) -> float:
+    """optim.schedule constant: the peak learning rate in every epoch."""
+    return 1.0
 
 
 @dataclass(frozen=True)
@@ -89,3 +96,4 @@ class Optimization:
     weight_decay: float = 0.05
     local_epochs: int = 10
     refresh_every: int = 5  # the cosine schedule spans refresh_every * local_epochs epochs
+    schedule: str = "cosine"  # or "constant"

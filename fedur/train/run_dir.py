@@ -161,11 +161,24 @@ def resolve(
 
 ABSENT = "<absent>"
 
+# Settings added after runs were made: a checkpoint written before one existed ran with this value (the behaviour
+# the setting now names), so it resumes, and stays in its table, when the value now is the same.
+ADDED_SETTINGS = {
+    "labeller.quota_arithmetic": "exact",
+    "method.weighting": "selected",
+    "method.cache_shots": None,  # pFedPrompt's cache held every selected sample,
+    "method.cache_self_vote": True,  # each voting for itself,
+    "method.cache_alpha_scale": "none",  # alpha as given
+    "optim.schedule": "cosine",
+}
+
 
 def changed_settings(saved: dict, now: dict) -> dict[str, tuple]:
-    """{key: (saved value, value now)} of every flat setting that differs (ABSENT where one side lacks it).
-    Values are compared as JSON stores them (a tuple now equals the list a marker holds)."""
+    """{key: (saved value, value now)} of every flat setting that differs (ABSENT where one side lacks it; a
+    checkpoint older than a setting counts as ADDED_SETTINGS's value). Values are compared as JSON stores them
+    (a tuple now equals the list a marker holds)."""
     now = json.loads(json.dumps(now))
+    saved = {**{key: value for key, value in ADDED_SETTINGS.items() if key in now}, **saved}
     keys = sorted(set(saved) | set(now))
     return {key: (saved.get(key, ABSENT), now.get(key, ABSENT)) for key in keys if saved.get(key, ABSENT) != now.get(key, ABSENT)}
 

@@ -49,7 +49,7 @@ def setup(
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     model.zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
     tuner = PromptTuner(model, method, labeller, Optimization(
-        optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every)).to(fabric.device)
+        optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every, optim.schedule)).to(fabric.device)
     start = {name: t.cpu() for name, t in model.prompts(method.prompts).items()}  # every client starts from the same
     local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank, cfg.run.clients_per_step)
     clients = [ClientState(k, train_parts[k], test_parts[k], dict(start)) for k in local_ids]

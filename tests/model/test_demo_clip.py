@@ -77,8 +77,7 @@ def test_training_is_deterministic():
     torch.use_deterministic_algorithms(True)
     try:
         states = [
-            demo_clip.train(seed=3, epochs=1, per_class=6, batch_size=32, lr=1e-3, weight_decay=0.1, name_share=0.6,
-                            log=lambda _: None).state_dict()
+            demo_clip.train(3, demo_clip.Recipe(epochs=1, per_class=6, batch_size=32, lr=1e-3), log=lambda _: None).state_dict()
             for _ in range(2)
         ]
     finally:

@@ -57,3 +57,22 @@ def test_the_tuners_scheduler_restarts_at_every_refresh(tiny_clip):
     expected = [0.2 * 0.5 * (1 + math.cos(math.pi * e / 6)) for e in range(6)]
     assert lrs[0] + lrs[1] + lrs[2] == pytest.approx(expected)
     assert lrs[3] == pytest.approx(expected[:2])  # round 3 starts the next period
+
+
+def test_the_constant_schedule_keeps_the_peak_rate(tiny_clip):
+    """optim.schedule constant (FedOTP's released StepLR with gamma 1): every epoch of every round at optim.lr."""
+    from fedur.labels.fpl import FPL
+    from fedur.methods.fedotp import FedOTP
+    from fedur.model.classifier import PromptedCLIP
+    from fedur.train.module import Optimization
+
+    model = PromptedCLIP(tiny_clip, ["cat", "dog"], n_ctx=2, visual_tokens=1, visual_depth=1, init_std=0.02, seed=1)
+    tuner = PromptTuner(model, FedOTP(), FPL(), Optimization(lr=0.003, local_epochs=3, refresh_every=2,
+                                                             schedule="constant"))
+    for round_idx in range(3):
+        optimization = tuner.configure_optimizers(round_idx)
+        optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+        for _ in range(3):
+            assert optimizer.param_groups[0]["lr"] == pytest.approx(0.003)
+            optimizer.step()
+            scheduler.step()

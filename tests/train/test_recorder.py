@@ -13,7 +13,7 @@ from fedur.train.progress import Progress, eta_seconds, format_duration
 from fedur.train.recorder import Recorder, summary_table
 from fedur.train.run_dir import RunDir, RunDirError
 
-from ..conftest import scalar_curve, tensorboard_events
+from ..conftest import REPO, scalar_curve, tensorboard_events
 
 
 def row(round_idx: int, accuracy: list[float | None], rounds: int = 4, selected=(5, 3)) -> dict:
@@ -181,3 +181,24 @@ def test_progress_bars_on_a_terminal_and_silence_when_off(capsys):
 
     quiet, items = Progress(enabled=False, stream=terminal), object()
     assert list(quiet.iterate([items], "rounds")) == [items] and not quiet.tasks
+
+
+def test_a_checkpoint_older_than_a_setting_counts_as_its_old_behaviour():
+    """A run recorded before optim.schedule, method.weighting or pFedPrompt's cache switches existed ran as their
+    ADDED_SETTINGS values say: equal to those now it is unchanged, other values now are a change."""
+    from fedur.train.run_dir import ABSENT, ADDED_SETTINGS, changed_settings
+
+    old = {"method": "fedur.methods.PFedPrompt", "optim.lr": 0.1}
+    legacy = {"method": "fedur.methods.PFedPrompt", "optim.lr": 0.1, "optim.schedule": "cosine", "method.weighting": "selected",
+              "method.cache_shots": None, "method.cache_self_vote": True, "method.cache_alpha_scale": "none"}
+    assert changed_settings(old, legacy) == {}
+    now = {**legacy, "method.cache_shots": 16, "method.cache_self_vote": False, "optim.schedule": "constant"}
+    assert changed_settings(old, now) == {"method.cache_shots": (None, 16), "method.cache_self_vote": (True, False),
+                                          "optim.schedule": ("cosine", "constant")}
+    assert changed_settings(old, {**legacy, "method.mu": 0.5}) == {"method.mu": (ABSENT, 0.5)}  # not an added setting
+    assert changed_settings({**legacy, "optim.schedule": "constant"}, legacy) == {"optim.schedule": ("constant", "cosine")}
+    from fedur.config import result_settings
+    from fedur.main import parse_config
+
+    cfg, _ = parse_config(["--config", str(REPO / "configs" / "tiny.yaml"), "--method", "PFedPrompt", "--labeller", "CoDPL"])
+    assert set(ADDED_SETTINGS) <= set(result_settings(cfg.settings)), "each is a real setting's flat key"

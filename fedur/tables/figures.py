@@ -1,0 +1,126 @@
+"""A grid's figures, as PNG and PDF beside its table: a bar chart of every table (the worst client marked), the
+paper's Figure 3 (accuracy against the number of clients and the joining rate, one line per method, a band for
+the seeds' spread) and its Figure 2 (the clients' prompt divergence per round, visual and text prompts)."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+from fedur.plots import band_panels, band_plot, bar_chart, save_figure
+from fedur.tables.grids import Grid, RunSpec
+
+FIGURE3_SETTINGS = ("clients", "join")  # Column.setting prefixes of figure3's columns: clients<K>, join<rate>
+DIVERGENCE = "drift_diversity"  # FedVLS's drift diversity of the clients' updates (fedur/federated/divergence.py)
+PROMPT_LABELS = {"visual": "visual prompt", "text_ctx": "text prompt", "text_local": "local text prompt"}
+
+
+def write_figures(grid: Grid, cells: dict, specs: list[RunSpec], folder: Path) -> list[Path]:
+    """Every figure the grid's finished runs allow; returns the files written."""
+    files = []
+    for section in dict.fromkeys(c.section for c in grid.columns):
+        files += table_bars(grid, cells, section, folder)
+    files += figure3(grid, cells, folder)
+    for column in grid.columns:
+        files += figure2(grid, [s for s in specs if s.column is column], folder)
+    return files
+
+
+def _stem(text: str) -> str:
+    """A file name from a label: "CIFAR10, joining rate (10 clients)" -> "cifar10-joining-rate-10-clients"."""
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
+
+
+def table_bars(grid: Grid, cells: dict, section: str, folder: Path) -> list[Path]:
+    """The section's table as grouped bars (one group per column, one bar per row): the mean over the seeds with
+    its standard deviation, and the worst client's accuracy (mean over the seeds) marked on each bar."""
+    columns = [c for c in grid.columns if c.section == section]
+    rows = [r for r in grid.rows if any((r.key, c.key) in cells and cells[(r.key, c.key)].mean is not None for c in columns)]
+    if not rows:
+        return []
+    groups = [c.label for c in columns]
+    bars = {}
+    for row in rows:
+        found = [cells.get((row.key, c.key)) for c in columns]
+        bars[" ".join(row.labels)] = (
+            [None if cell is None else cell.mean for cell in found],
+            [None if cell is None else cell.std for cell in found],
+            [None if cell is None else cell.worst_mean for cell in found],
+        )
+    fig = bar_chart(groups, bars, f"{grid.title}\n{section}", "final mean accuracy over clients (%)")
+    return save_figure(fig, folder / f"table-{_stem(section)}")
+
+
+def figure3_series(grid: Grid, cells: dict, prefix: str) -> dict[str, tuple[list, list, list, list]]:
+    """Figure 3's lines for the columns `prefix`<x> ("clients" or "join"): "<row>, <dataset>" -> (xs, means over
+    the seeds, lowest seed, highest seed), sorted by x."""
+    columns = [c for c in grid.columns if c.setting.startswith(prefix)]
+    series = {}
+    for dataset in dict.fromkeys(c.dataset for c in columns):
+        for row in grid.rows:
+            points = []
+            for column in (c for c in columns if c.dataset == dataset):
+                cell = cells.get((row.key, column.key))
+                if cell is not None and cell.value:
+                    values = list(cell.value.values())
+                    points.append((float(column.setting[len(prefix):]), statistics.fmean(values), min(values), max(values)))
+            if points:
+                series[f"{' '.join(row.labels)}, {dataset}"] = tuple(list(t) for t in zip(*sorted(points)))
+    return series
+
+
+def figure3(grid: Grid, cells: dict, folder: Path) -> list[Path]:
+    """Figure 3: final accuracy against the number of clients (columns clients<K>) and against the joining rate
+    (columns join<rate>), one line per row and dataset, a band from the lowest to the highest seed."""
+    files = []
+    for prefix, what, xlabel in (("clients", "number of clients", "number of clients K (every client joins)"),
+                                 ("join", "joining rate", "joining rate (10 clients)")):
+        series = figure3_series(grid, cells, prefix)
+        if series:
+            fig = band_plot(series, f"{grid.title}\naccuracy against the {what}", xlabel,
+                            "final mean accuracy over clients (%)", log_x=prefix == "clients")
+            files += save_figure(fig, folder / f"figure3-{prefix}")
+    return files
+
+
+def divergence_series(specs: list[RunSpec]) -> dict[str, dict[str, tuple[list, list, list, list]]]:
+    """Figure 2's lines from the finished runs' metrics.jsonl: prompt -> row label -> (rounds, mean drift diversity
+    over the seeds, lowest, highest), for rows whose clients hold both a visual and a text prompt."""
+    curves: dict[str, dict[str, dict[int, list[float]]]] = {}  # prompt -> row label -> round -> values over seeds
+    for spec in specs:
+        path = spec.run_dir / "metrics.jsonl"
+        if not (spec.run_dir / "summary.json").is_file() or not path.is_file():
+            continue
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            divergence = row.get("prompt_divergence") or {}
+            if not {"visual", "text_ctx"} <= set(divergence):
+                break
+            for prompt, values in divergence.items():
+                value = values.get(DIVERGENCE)
+                if value is not None:
+                    by_round = curves.setdefault(prompt, {}).setdefault(" ".join(spec.row.labels), {})
+                    by_round.setdefault(row["round"] + 1, []).append(value)
+    return {prompt: {label: (rounds := sorted(by_round), [statistics.fmean(by_round[r]) for r in rounds],
+                             [min(by_round[r]) for r in rounds], [max(by_round[r]) for r in rounds])
+                     for label, by_round in rows.items()}
+            for prompt, rows in curves.items()}
+
+
+def figure2(grid: Grid, specs: list[RunSpec], folder: Path) -> list[Path]:
+    """Figure 2 for one column: the drift diversity of the clients' prompt updates per round, one panel per prompt
+    (visual, text) with a line per row whose clients hold both (FedUR and its kin); the mean over the seeds with
+    a band from the lowest to the highest."""
+    series = divergence_series(specs)
+    if not series:
+        return []
+    panels = {PROMPT_LABELS.get(p, p): series[p] for p in sorted(series, key=lambda p: list(PROMPT_LABELS).index(p)
+                                                                    if p in PROMPT_LABELS else len(PROMPT_LABELS))}
+    column = specs[0].column
+    fig = band_panels(panels, f"{grid.title}\nprompt divergence of the clients' updates, {column.label}", "round",
+                      "drift diversity, sum |d_k|^2 / |sum d_k|^2\n(1/K: the clients agree; larger: their updates cancel)")
+    return save_figure(fig, folder / f"figure2-{_stem(column.key)}")
