@@ -121,7 +121,9 @@ def main() -> None:
         results = {v: {lr: {seed: run(v, seed, args, lr) for seed in seeds} for lr in lrs} for v in variants}
         text = (f"# Learning rates on the demo ({config})\n\n{call} --sweep-lr {args.sweep_lr}`: each method with its "
                 "own labeller at each learning rate, gain of the final mean client accuracy over zero-shot (points); "
-                "in bold the lr with the largest smallest gain, the demo preset's.\n\n" + sweep_table(results, seeds) + "\n")
+                "in bold the lr with the largest smallest gain. A baseline's demo preset (configs/presets/demo/) takes it; "
+                "FedUR and FedCoPL keep the demo's 0.002 under both protocols, as the paper runs them with one "
+                "setting.\n\n" + sweep_table(results, seeds) + "\n")
     else:
         results = {v: {seed: run(v, seed, args) for seed in seeds} for v in variants}
         presets = [v for v in variants if (PRESETS / f"{v}.yaml").is_file()]

@@ -6,6 +6,7 @@ writes it as a PNG and closes it, and TensorBoard takes it directly (`SummaryWri
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -127,27 +128,40 @@ def bar_chart(
     ylabel: str,
 ) -> Figure:
     """Grouped bars: for each name -> (values, errors, marks), one bar per group (None: no bar) with its error
-    bar, and a black tick at its mark (e.g. the worst client's accuracy)."""
+    bar, and a black tick at its mark (e.g. the worst client's accuracy). With one group, the names label the
+    bars on the x axis instead of a legend. Distinct colours up to 20 names."""
     n_bars = max(len(bars), 1)
-    width = 0.8 / n_bars
-    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.35 * len(groups) * n_bars + 3.0), 22.0), 5.0), layout="constrained")
+    colors = plt.get_cmap("tab10" if n_bars <= 10 else "tab20").colors
+    single = len(groups) == 1
+    width = 0.8 if single else 0.8 / n_bars
+    size = 0.45 * n_bars + 2.5 if single else 0.35 * len(groups) * n_bars + 3.0
+    fig, ax = plt.subplots(figsize=(min(max(6.0, size), 22.0), 5.0), layout="constrained")
     for i, (name, (values, errors, marks)) in enumerate(bars.items()):
-        xs = [g + (i - (n_bars - 1) / 2) * width for g in range(len(groups))]
+        xs = [float(i)] if single else [g + (i - (n_bars - 1) / 2) * width for g in range(len(groups))]
         present = [(x, v, e or 0.0, m) for x, v, e, m in zip(xs, values, errors, marks) if v is not None]
         if not present:
             continue
         px, pv, pe, pm = zip(*present)
-        ax.bar(px, pv, width=width * 0.95, yerr=pe, capsize=2, label=name, error_kw={"linewidth": 0.8})
+        ax.bar(px, pv, width=width * 0.95, yerr=pe, capsize=2, label=name, color=colors[i % len(colors)],
+               error_kw={"linewidth": 0.8})
         marked = [(x, m) for x, m in zip(px, pm) if m is not None]
         if marked:
-            ax.scatter(*zip(*marked), marker="_", s=120, color="black", linewidths=1.5, zorder=3,
-                       label="worst client" if i == 0 else None)
-    ax.set_xticks(range(len(groups)), list(groups), rotation=20 if len(groups) > 4 else 0, fontsize=8)
-    ax.set_title(title)
+            ax.scatter(*zip(*marked), marker="_", s=120 if not single else 400, color="black", linewidths=1.5,
+                       zorder=3, label="worst client" if not any(h.get_label() == "worst client" for h in ax.collections)
+                       else None)
+    if single:
+        ax.set_xticks(range(n_bars), list(bars), rotation=35, ha="right", fontsize=8)
+        ax.set_xlabel(groups[0])
+    else:
+        ax.set_xticks(range(len(groups)), list(groups), rotation=20 if len(groups) > 4 else 0, fontsize=8)
+    ax.set_title("\n".join(textwrap.fill(line, 80) for line in title.splitlines()), fontsize=10)
     ax.set_ylabel(ylabel)
     ax.grid(True, axis="y", color="0.9")
     ax.set_axisbelow(True)
-    if 0 < len(bars) <= 24:
+    if single:
+        ax.legend(handles=[h for h in ax.collections if h.get_label() == "worst client"], loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    elif 0 < len(bars) <= 24:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     return fig
 

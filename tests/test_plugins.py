@@ -18,6 +18,8 @@ from .test_resume import assert_same_run, run_in_process
 pytestmark = pytest.mark.slow
 
 PLUGINS = ["--method", "tests.plugins.server_momentum.ServerMomentum", "--method.momentum", "0.5",
+           "--method.weighting", "uniform",  # a setting of fedur's Method, passed on by the plugin's **kwargs;
+           # some clients have no sample above the threshold: under uniform weights they must sit the round out
            "--labeller", "tests.plugins.confident.Confident", "--labeller.threshold", "0.25"]
 
 
@@ -41,6 +43,7 @@ def test_a_plugin_on_two_ranks_equals_one_rank(runs):
     summary = json.loads((runs / "one" / "summary.json").read_text())
     assert (summary["method"], summary["labeller"]) == ("servermomentum", "confident")
     assert summary["settings"]["method"]["class_path"] == "tests.plugins.server_momentum.ServerMomentum"
+    assert summary["settings"]["method"]["init_args"]["weighting"] == "uniform"
 
 
 def test_the_server_keeps_its_momentum_and_the_labeller_its_threshold(runs):

@@ -356,8 +356,8 @@ def test_figures_from_hand_written_runs(tmp_path, capsys):
 
     folder = out / "figure3"
     printed = capsys.readouterr().out
-    for stem in ("figure3-clients", "figure3-join", "figure2-cifar10-clients10", "table-cifar10-number-of-clients-all-join",
-                 "table-cifar10-joining-rate-10-clients"):
+    for stem in ("figure3-clients", "figure3-join", "figure2-cifar10-clients10", "table-cifar10-clients5-to-cifar10-clients100",
+                 "table-cifar10-join0.1-to-cifar10-join0.5"):
         for suffix, magic in ((".png", b"\x89PNG"), (".pdf", b"%PDF")):
             path = folder / f"{stem}{suffix}"
             assert path.is_file() and path.read_bytes()[:4] == magic and path.stat().st_size > 5000, path

@@ -44,13 +44,14 @@ def table_bars(grid: Grid, cells: dict, section: str, folder: Path) -> list[Path
     bars = {}
     for row in rows:
         found = [cells.get((row.key, c.key)) for c in columns]
-        bars[" ".join(row.labels)] = (
+        bars[" ".join(label for label in row.labels if label != "-")] = (
             [None if cell is None else cell.mean for cell in found],
             [None if cell is None else cell.std for cell in found],
             [None if cell is None else cell.worst_mean for cell in found],
         )
     fig = bar_chart(groups, bars, f"{grid.title}\n{section}", "final mean accuracy over clients (%)")
-    return save_figure(fig, folder / f"table-{_stem(section)}")
+    keys = [c.key for c in columns]
+    return save_figure(fig, folder / f"table-{_stem(keys[0] if len(keys) == 1 else f'{keys[0]}-to-{keys[-1]}')}")
 
 
 def figure3_series(grid: Grid, cells: dict, prefix: str) -> dict[str, tuple[list, list, list, list]]:

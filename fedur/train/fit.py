@@ -99,7 +99,9 @@ def fit(
 
         joined = method.participants(round_idx, fed.num_clients, fed.join_rate, cfg.run.seed)
         selected = None if server.refresh is None else server.refresh.selected.sum(dim=1)
-        weights = method.client_weights(selected, train_sizes) * joined  # 0 for the clients that sit out
+        weights = method.client_weights(selected, train_sizes) * joined  # 0 for the clients that sit out,
+        if selected is not None:  # and for those without a pseudo-label: nothing to train on, nothing to upload
+            weights = weights * (selected > 0)
         started = {c.client_id: c.prompts for c in rank.clients}  # before local training, for the divergence
         local_losses = train_clients(rank, round_idx, weights, server, cfg.optim.optimizer_state) if method.trains else {}
         clock.lap("train")

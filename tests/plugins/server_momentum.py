@@ -17,14 +17,14 @@ from fedur.methods import FedUR
 class ServerMomentum(FedUR):
     """FedUR whose server steps each shared prompt along the momentum of its averaged updates."""
 
-    def __init__(self, server_lr: float = 1.0, momentum: float = 0.9, share: str = "visual") -> None:
+    def __init__(self, server_lr: float = 1.0, momentum: float = 0.9, share: str = "visual", **kwargs) -> None:
         """
         Args:
             server_lr: Server learning rate: the step along the momentum (1 with momentum 0 is FedAvg).
             momentum: Server momentum beta: v <- beta * v + (global - average).
             share: The prompts the server averages (FedUR's share setting).
         """
-        super().__init__(share)
+        super().__init__(share, **kwargs)  # weighting: documented by Method
         self.server_lr, self.momentum = float(server_lr), float(momentum)
 
     def aggregate(self, uploads: dict[str, Tensor], weights: Tensor, current: dict[str, Tensor],
