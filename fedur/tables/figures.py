@@ -77,7 +77,7 @@ def figure3(grid: Grid, cells: dict, folder: Path) -> list[Path]:
     (columns join<rate>), one line per row and dataset, a band from the lowest to the highest seed."""
     files = []
     for prefix, what, xlabel in (("clients", "number of clients", "number of clients K (every client joins)"),
-                                 ("join", "joining rate", "joining rate (10 clients)")):
+                                 ("join", "joining rate", "joining rate (the fraction of clients in each round)")):
         series = figure3_series(grid, cells, prefix)
         if series:
             fig = band_plot(series, f"{grid.title}\naccuracy against the {what}", xlabel,

@@ -164,20 +164,23 @@ FIGURE3_CLIENTS = (5, 10, 20, 50, 100)
 FIGURE3_JOIN_RATES = (0.1, 0.2, 0.5)
 
 
-def figure3_columns(dataset: str) -> tuple[Column, ...]:
-    config = f"paper/table1/{dataset}-beta0.1.yaml"
-    name = DATASET_LABELS[dataset]
-    clients = tuple(
+def figure3_columns(dataset: str, config: str | None = None, clients: tuple[int, ...] = FIGURE3_CLIENTS,
+                    rates: tuple[float, ...] = FIGURE3_JOIN_RATES, joining_of: int = 10, label: str | None = None,
+                    presets: str = "presets") -> tuple[Column, ...]:
+    """Figure 3's columns on one dataset: K clients all joining, and `rates` of `joining_of` clients joining."""
+    config = config or f"paper/table1/{dataset}-beta0.1.yaml"
+    name = label or DATASET_LABELS[dataset]
+    by_clients = tuple(
         Column(f"{dataset}-clients{k}", f"K={k}", f"{name}, number of clients (all join)", config, dataset,
-               f"clients{k}", ("--federation.num_clients", str(k), "--federation.join_rate", "1.0"))
-        for k in FIGURE3_CLIENTS
+               f"clients{k}", ("--federation.num_clients", str(k), "--federation.join_rate", "1.0"), presets)
+        for k in clients
     )
-    rates = tuple(
-        Column(f"{dataset}-join{r}", f"join {r}", f"{name}, joining rate (10 clients)", config, dataset,
-               f"join{r}", ("--federation.num_clients", "10", "--federation.join_rate", str(r)))
-        for r in FIGURE3_JOIN_RATES
+    by_rate = tuple(
+        Column(f"{dataset}-join{r}", f"join {r}", f"{name}, joining rate ({joining_of} clients)", config, dataset,
+               f"join{r}", ("--federation.num_clients", str(joining_of), "--federation.join_rate", str(r)), presets)
+        for r in rates
     )
-    return clients + rates
+    return by_clients + by_rate
 
 
 PROXY_CONFIG = "proxy/cifar10-tinyclip.yaml"
@@ -191,6 +194,9 @@ DEMO_COLUMN = Column("demo", "demo", "demo: fedur-demo on ten generated shapes, 
 DEMO_FLAGS = ("--federation.partition_seed", "{seed}")  # a demo of its own per seed, as benchmarks/demo_learning.py
 DEMO_NOTE = ("demo: configs/smoke.yaml, offline in seconds per run; each seed draws its own images and split. No paper "
              "numbers: compare the methods' order and gaps.")
+
+# Figure 3 on the demo: 2, 4 (the demo's) and 8 clients, and 8 clients of which a quarter or a half join.
+DEMO_FIGURE3_COLUMNS = figure3_columns("demo", "smoke.yaml", (2, 4, 8), (0.25, 0.5), 8, "demo", "presets/demo")
 
 TABLE1_NOTES = ("Table 1: ViT-B/32, Dirichlet label skew; 10 clients (5 for CUB and UCF101), 20 rounds x 10 local epochs.",)
 
@@ -237,6 +243,10 @@ GRIDS: dict[str, Grid] = {
     "demo-table7": Grid(
         "demo-table7", "Table 7 rows on the demo (fedur-demo CLIP, generated shapes, β = 0.5)", LABELLER_ROWS,
         (DEMO_COLUMN,), ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(DEMO_NOTE,),
+    ),
+    "demo-figure3": Grid(
+        "demo-figure3", "Figure 3 on the demo: number of clients and joining rate (β = 0.5)", PAPER_ROWS[1:],
+        DEMO_FIGURE3_COLUMNS, ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(DEMO_NOTE,),
     ),
     "tiny": Grid(
         "tiny", "tiny: the mechanics tests' model and data (does not learn)",
