@@ -108,6 +108,7 @@ def band_panels(panels: dict[str, Series], title: str, xlabel: str, ylabel: str,
             ax.set_xscale("log")
             ax.set_xticks(xs_all)
             ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the swept values labelled
         elif xs_all and all(x.is_integer() for x in xs_all):
             ax.get_xaxis().set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         if panel:
