@@ -96,10 +96,16 @@ class FederationConfig:
     """Local epochs per round."""
     refresh_every: PositiveInt = 5
     """Pseudo-labels are recomputed every this many rounds (round 0 with zero-shot CLIP)."""
-    partition: Literal["dirichlet", "quantity", "domain", "domain_dirichlet", "iid"] = "dirichlet"
+    partition: Literal["dirichlet", "quantity", "domain", "domain_dirichlet", "iid", "clients", "file"] = "dirichlet"
     """How the data is split across clients: Dirichlet label skew (one draw per class shared by train and
     test), quantity-based label skew (each client holds `class_fraction` of the classes), feature skew (one
-    client per domain), domain + Dirichlet (each domain split over `clients_per_domain` clients), or IID."""
+    client per domain), domain + Dirichlet (each domain split over `clients_per_domain` clients), IID; or
+    not drawn: each client's own folder (`clients`, dataset ClientFolders) or the split in
+    `federation.partition_file` (`file`). With clients and file, num_clients is the number of clients the
+    folders or the file hold."""
+    partition_file: str | None = None
+    """federation.partition=file: a JSON or CSV naming each client's images, e.g. an earlier run's
+    partition.json (docs/own-data.md gives the format)."""
     beta: PositiveFloat = 0.1
     """Dirichlet concentration; smaller means more skew (the paper: 0.1 and 0.05)."""
     class_fraction: Fraction = 0.2

@@ -29,6 +29,7 @@ import fedur.data  # noqa: F401  (every built-in dataset class, so that --datase
 from fedur.config import GROUPS, PLUGINS, Config, result_settings
 from fedur.data.datasets import Dataset, DataUnavailableError, ImageFolder
 from fedur.data.partition import PartitionError
+from fedur.data.split_file import count_clients
 from fedur.federated.collectives import CollectiveError
 from fedur.labels import Labeller
 from fedur.launch_env import LaunchEnv, make_fabric, set_threads
@@ -206,10 +207,43 @@ def plugin_names(key: str) -> list[str]:
     return sorted(set(found))
 
 
+def settle_num_clients(cfg: Config) -> int | None:
+    """With federation.partition clients or file the clients come from the dataset's folders or the split file:
+    federation.num_clients becomes their number (returned; None for fedur's own splits)."""
+    fed = cfg.federation
+    if fed.partition_file is not None and fed.partition != "file":
+        raise ConfigError(f"federation.partition_file is read only with federation.partition=file (not "
+                          f"{fed.partition}); set both, or drop the file")
+    own = cfg.dataset.client_names()
+    if fed.partition == "file":
+        if fed.partition_file is None:
+            raise ConfigError("federation.partition=file needs federation.partition_file: a JSON or CSV split "
+                              "(e.g. an earlier run's partition.json; docs/own-data.md)")
+        num_clients = count_clients(fed.partition_file)
+    elif fed.partition == "clients":
+        if own is None:
+            raise ConfigError(f"federation.partition=clients takes each client's own folder, and dataset "
+                              f"{type(cfg.dataset).__name__} has none: use dataset ClientFolders, or a split of fedur's")
+        num_clients = len(own)
+    elif own is not None:
+        raise ConfigError(f"dataset {type(cfg.dataset).__name__} brings its own {len(own)} clients: set "
+                          f"federation.partition=clients (or file), not {fed.partition}")
+    else:
+        return None
+    fed.num_clients = cfg.settings["federation"]["num_clients"] = num_clients
+    return num_clients
+
+
+def with_num_clients(config_yaml: str, num_clients: int) -> str:
+    """The resolved YAML with federation.num_clients as the folders or the split file set it."""
+    return re.sub(r"(?m)^(federation:\n(?:[ ]+.*\n)*?[ ]+num_clients: )\d+", rf"\g<1>{num_clients}", config_yaml)
+
+
 def validate(cfg: Config, env: LaunchEnv) -> None:
     """What the annotations cannot check: settings that must fit together, and whether the model and data
     can be had; before anything is loaded or launched."""
     method = cfg.method
+    settle_num_clients(cfg)
     try:
         method.pair(cfg.labeller)
     except ValueError as err:
@@ -242,6 +276,9 @@ def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
     from fedur.train.fit import fit
 
     env = env or LaunchEnv.read()
+    num_clients = settle_num_clients(cfg)
+    if num_clients is not None:
+        config_yaml = with_num_clients(config_yaml, num_clients)
     cfg.fabric.precision = env.resolved_precision(cfg.fabric)  # recorded resolved: auto is not the same on CPU and GPU
     cfg.settings["fabric"]["precision"] = cfg.fabric.precision
     run = cfg.run

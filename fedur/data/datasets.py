@@ -53,7 +53,9 @@ __all__ = [
 ]
 
 DEFAULT_TEMPLATE = "a photo of a {}."
-BUILT_IN_MODULES = ("fedur.data.datasets", "fedur.data.cifar", "fedur.data.benchmarks", "fedur.data.domains")
+BUILT_IN_MODULES = (
+    "fedur.data.datasets", "fedur.data.cifar", "fedur.data.benchmarks", "fedur.data.domains", "fedur.data.clients",
+)
 
 
 class Dataset:
@@ -69,6 +71,9 @@ class Dataset:
     per-dataset tables' key, the image cache's key and the name in run summaries."""
     root: str | None = None
     """The dataset directory, `~` expanded (None for generated data)."""
+    needs_classnames: ClassVar[bool] = False
+    """True for data that names no classes itself (ClientFolders): `prepare_dataset` reads
+    data.classnames_file and calls `load(seed, classnames=...)`."""
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -83,6 +88,11 @@ class Dataset:
     def load(self, seed: int) -> ImageDataset:
         """Read the dataset, checking its layout. `seed` is for generated data; files ignore it."""
         raise NotImplementedError(f"{type(self).__name__} does not implement load(seed)")
+
+    def client_names(self) -> list[str] | None:
+        """Data that comes already federated (each client's own folder): the clients in client-id order, found
+        without loading (federation.num_clients becomes their number). None: fedur splits the data."""
+        return None
 
     @property
     def cache_key(self) -> str:
@@ -149,12 +159,18 @@ def prepare_dataset(source: Dataset, options: DataOptions, seed: int) -> ImageDa
     """`source.load(seed)`, then the class names from `options.classnames_file` and the template when
     given, and a stratified `train_fraction` / `test_fraction` (per class, and per (domain, class) when
     there are domains) drawn from `np.random.RandomState(seed)`: train first, then test."""
-    dataset = source.load(seed)
+    if source.needs_classnames:
+        if options.classnames_file is None:
+            raise DataUnavailableError(f"dataset {type(source).__name__} names no classes: give data.classnames_file, "
+                                       "a text file with one class name per line")
+        dataset = source.load(seed, classnames=read_lines(Path(_existing(options.classnames_file))))
+    else:
+        dataset = source.load(seed)
     if dataset.name != source.key:
         raise ValueError(
             f"{type(source).__name__}.load returned a dataset named {dataset.name!r}; name it {source.key!r}, its key"
         )
-    if options.classnames_file is not None:
+    if options.classnames_file is not None and not source.needs_classnames:
         dataset.classnames = read_classnames(options.classnames_file, dataset.classnames)
     if options.template is not None:
         if options.template.count("{}") != 1:
@@ -163,7 +179,10 @@ def prepare_dataset(source: Dataset, options: DataOptions, seed: int) -> ImageDa
     rng = np.random.RandomState(seed)
     for split, fraction in (("train", options.train_fraction), ("test", options.test_fraction)):
         part: ImageSplit = getattr(dataset, split)
-        strata = part.labels if part.domains is None else part.domains * dataset.num_classes + part.labels
+        strata = part.labels if part.labelled else np.zeros(len(part), dtype=np.int64)
+        strata = strata if part.domains is None else part.domains * dataset.num_classes + strata
+        if part.clients is not None:  # every client keeps its fraction
+            strata = part.clients * (int(strata.max(initial=0)) + 1) + strata
         setattr(dataset, split, part.subset(stratified_subset(strata, fraction, rng)))
     return dataset
 
@@ -267,11 +286,15 @@ class Synthetic(Dataset):
         return ImageDataset("synthetic", names, DEFAULT_TEMPLATE, splits["train"], splits["test"])
 
 
-def read_classnames(path: str, current: list[str]) -> list[str]:
-    """One name per line replacing `current`, in label order (sorted folder order for imagefolder)."""
+def _existing(path: str) -> str:
     if not Path(path).is_file():
         raise DataUnavailableError(f"data.classnames_file={path} does not exist")
-    names = read_lines(Path(path))
+    return path
+
+
+def read_classnames(path: str, current: list[str]) -> list[str]:
+    """One name per line replacing `current`, in label order (sorted folder order for imagefolder)."""
+    names = read_lines(Path(_existing(path)))
     if len(names) != len(current):
         raise DataUnavailableError(
             f"data.classnames_file={path} has {len(names)} names but there are {len(current)} classes "

@@ -23,16 +23,30 @@ class DataUnavailableError(RuntimeError):
 
 @dataclass
 class ImageSplit:
-    """One split: labels (N,), either file paths or decoded uint8 arrays (N, H, W, 3), and for
-    multi-domain datasets the domain of each sample (N,), an index into `ImageDataset.domain_names`."""
+    """One split: labels (N,) (None: the images have no labels), either file paths or decoded uint8 arrays
+    (N, H, W, 3), for multi-domain datasets the domain of each sample (N,), an index into
+    `ImageDataset.domain_names`, and for data that comes already federated the client holding each sample
+    (N,), an index into `ImageDataset.client_names` (None: the split is fedur's to make, or a test set every
+    client shares)."""
 
-    labels: np.ndarray
+    labels: np.ndarray | None
     paths: list[str] | None = None
     arrays: np.ndarray | None = None
     domains: np.ndarray | None = None
+    clients: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self.labels)
+        if self.labels is not None:
+            return len(self.labels)
+        return len(self.paths) if self.paths is not None else len(self.arrays)
+
+    @property
+    def labelled(self) -> bool:
+        return self.labels is not None
+
+    def without_labels(self) -> ImageSplit:
+        """The same images with no labels: what training gets once the split is made."""
+        return ImageSplit(None, self.paths, self.arrays, self.domains, self.clients)
 
     def load(self, index: int) -> Image.Image:
         if self.arrays is not None:
@@ -48,7 +62,9 @@ class ImageSplit:
         paths = [self.paths[i] for i in indices] if self.paths is not None else None
         arrays = self.arrays[indices] if self.arrays is not None else None
         domains = self.domains[indices] if self.domains is not None else None
-        return ImageSplit(self.labels[indices], paths, arrays, domains)
+        clients = self.clients[indices] if self.clients is not None else None
+        labels = self.labels[indices] if self.labels is not None else None
+        return ImageSplit(labels, paths, arrays, domains, clients)
 
 
 @dataclass
@@ -60,6 +76,8 @@ class ImageDataset:
     test: ImageSplit
     domain_names: list[str] | None = None
     """Multi-domain datasets: the loaded domains, in `dataset.domains` order; `split.domains` indexes it."""
+    client_names: list[str] | None = None
+    """Data that comes already federated: the clients' names, in client-id order; `split.clients` indexes it."""
 
     @property
     def num_classes(self) -> int:

@@ -290,8 +290,8 @@ def _num_domains(train_domains: np.ndarray, test_domains: np.ndarray) -> int:
 class PartitionSpec:
     """How the data is split across clients: the `federation:` settings of the same meaning."""
 
-    scheme: Literal["dirichlet", "quantity", "domain", "domain_dirichlet", "iid"]
-    """federation.partition."""
+    scheme: Literal["dirichlet", "quantity", "domain", "domain_dirichlet", "iid", "clients", "file"]
+    """federation.partition ("file" is read by `fedur.data.split_file`, not drawn here)."""
     num_clients: int
     """federation.num_clients: K."""
     beta: float
@@ -327,12 +327,25 @@ def split_clients(
       the reference's algorithm but not its split; e.g. the run seed, for a split of each seed's own.
     `dataset` is the dataset's key (`Dataset.key`); it matters only for "reference".
     """
+    if spec.scheme == "clients":
+        return own_clients_split(train, test, spec.num_clients)
+    if train.clients is not None:
+        raise PartitionError(
+            f"federation.partition={spec.scheme}: this dataset's images already belong to clients (their own "
+            "folders); use federation.partition=clients (or file)"
+        )
     state_seed = _resolve_seed(spec.seed)
     if spec.scheme in ("domain", "domain_dirichlet"):
         return _split_by_domain(spec, train, test, state_seed)
     if spec.scheme not in ("dirichlet", "quantity", "iid"):
         raise PartitionError(
-            f"federation.partition={spec.scheme!r} is unknown; use dirichlet, quantity, domain, domain_dirichlet or iid"
+            f"federation.partition={spec.scheme!r} is unknown; use dirichlet, quantity, domain, domain_dirichlet, iid "
+            "or clients (file is read by fedur.data.split_file)"
+        )
+    if train.labels is None or test.labels is None:
+        raise PartitionError(
+            f"federation.partition={spec.scheme} splits by label, and this data has no "
+            f"{'train' if train.labels is None else 'test'} labels; use federation.partition=clients or file"
         )
     rng, num_classes = partition_random_state(spec.seed, dataset, train.labels, test.labels)
     labels, k, min_train = (train.labels, test.labels), spec.num_clients, spec.min_train
@@ -341,6 +354,25 @@ def split_clients(
     if spec.scheme == "quantity":
         return quantity_split(*labels, k, spec.class_fraction, rng, min_train, num_classes)
     return iid_split(*labels, k, rng, min_train, num_classes)
+
+
+def own_clients_split(train: ImageSplit, test: ImageSplit, num_clients: int) -> tuple[Parts, Parts]:
+    """Data that comes federated (`split.clients`): client k holds the train images the data gives it, in
+    the split's order, and its own test images, or, when the test set is shared (`test.clients` None), every
+    test image. Nothing is drawn."""
+    if train.clients is None:
+        raise PartitionError(
+            "federation.partition=clients takes each client's images from its own folder, and this dataset has "
+            "none: use dataset ClientFolders, or a split of fedur's (dirichlet, quantity, iid, ...)"
+        )
+    found = int(train.clients.max(initial=-1)) + 1
+    if found != num_clients:
+        raise PartitionError(f"the data holds {found} clients but federation.num_clients={num_clients}; "
+                             f"set federation.num_clients={found}")
+    train_parts = [np.flatnonzero(train.clients == k).astype(np.int64) for k in range(num_clients)]
+    if test.clients is None:
+        return train_parts, [np.arange(len(test), dtype=np.int64) for _ in range(num_clients)]
+    return train_parts, [np.flatnonzero(test.clients == k).astype(np.int64) for k in range(num_clients)]
 
 
 def _split_by_domain(spec: PartitionSpec, train: ImageSplit, test: ImageSplit, state_seed: int) -> tuple[Parts, Parts]:
@@ -435,6 +467,8 @@ def client_domains(scheme: str, num_clients: int, clients_per_domain: int) -> li
     return None
 
 
-def class_histogram(labels: np.ndarray, parts: Parts, num_classes: int) -> np.ndarray:
-    """(K, C) counts of each class in each client's part."""
+def class_histogram(labels: np.ndarray | None, parts: Parts, num_classes: int) -> np.ndarray | None:
+    """(K, C) counts of each class in each client's part (None without labels)."""
+    if labels is None:
+        return None
     return np.stack([np.bincount(labels[part], minlength=num_classes) for part in parts])

@@ -44,7 +44,10 @@ def correct_and_total(confusion: Tensor) -> Tensor:
 def evaluate_clients(rank: Rank, zero_shot: bool = False, with_confusion: bool = False) -> tuple[Tensor, Tensor | None]:
     """(K, 2) [correct, total] of every client on its own test set with its model (the method's logits with
     the client's prompts), or as zero-shot CLIP; and with `with_confusion` the clients' (K, C, C)
-    confusion matrices from the same pass (else None). Every rank calls this."""
+    confusion matrices from the same pass (else None). Without test labels every count is 0 (the accuracies
+    are absent, None) and there is no confusion matrix. Every rank calls this."""
+    if not rank.dataset.test.labelled:
+        return torch.zeros(rank.num_clients, 2, dtype=torch.long), None  # the same on every rank: nothing to exchange
     confusions = {k: confusion_matrix(logits, labels) for k, (logits, labels) in rank.predict("test", zero_shot).items()}
     counts = {k: correct_and_total(matrix) for k, matrix in confusions.items()}
     accuracy = rank.gather(counts, like=torch.zeros(2, dtype=torch.long), what="test accuracy counts")

@@ -18,6 +18,7 @@ from fedur.federated.placement import placement_table
 from fedur.train import checkpoint, faults
 from fedur.train.evaluate import evaluate_clients
 from fedur.train.local import train_unit
+from fedur.train.predictions import write_predictions
 from fedur.train.module import PromptTuner
 from fedur.train.preemption import StopRequest
 from fedur.train.progress import Progress
@@ -63,7 +64,7 @@ def fit(
     start_round = 0 if resume is None else resume.round_idx + 1
     collectives = Collectives(fabric, peer_timeout=cfg.run.peer_timeout)
     progress = Progress(enabled=cfg.run.progress and fabric.is_global_zero)  # rank 0's bars; the others stay quiet
-    rank, partition_counts, skipped = setup(fabric, collectives, cfg, progress)
+    rank, truth, skipped = setup(fabric, collectives, cfg, progress)
     # A resume checks its clients against the checkpoint before anything in the run directory changes.
     resumed = None if resume is None else checkpoint.restore(resume, rank.clients)
     if fabric.is_global_zero:  # only now: a run that fails while loading leaves no directory behind
@@ -73,7 +74,8 @@ def fit(
     recorder = Recorder(run_dir, fabric.is_global_zero, history, start_round, progress)
     recorder.start(config_yaml, describe(rank, cfg))
     recorder.record_placement(gather_placement(rank))
-    recorder.record_partition(*partition_counts, rank.dataset.classnames)
+    recorder.record_partition(truth.partition)
+    recorder.note_unlabelled(truth.train_labels is not None, rank.dataset.test.labelled and len(rank.dataset.test) > 0)
 
     method, labeller = rank.method, rank.tuner.labeller
     server = ServerState({name: t.cpu() for name, t in method.init_shared(rank.model).items()})  # uploads gather on CPU
@@ -93,7 +95,8 @@ def fit(
         clock = PhaseClock()
         refreshed = labeller is not None and round_idx % fed.refresh_every == 0
         if refreshed:
-            server.refresh = refresh_pseudo_labels(rank, round_idx == 0, round_idx // fed.refresh_every, labeller, len(rank.dataset.train))
+            server.refresh = refresh_pseudo_labels(rank, round_idx == 0, round_idx // fed.refresh_every, labeller,
+                                                   len(rank.dataset.train), truth.train_labels)
             rank.tuner.use_class_weights(server.refresh.class_weights)
         clock.lap("refresh")
 
@@ -129,13 +132,16 @@ def fit(
         recorder.record_confusion(confusion, rank.dataset.classnames)
     collectives.close()
     checkpoint.save_prompts(run_dir.path("prompts"), server.shared, rank.clients, write_shared=fabric.is_global_zero)
+    if truth.train_labels is None or not recorder.test_labels:  # data without labels: what the model says per image
+        write_predictions(rank, run_dir.path("predictions"), cfg.dataset.root)
     wall_seconds = wall_before + time.perf_counter() - start_time
     domains = domain_summary(recorder.rounds, rank.dataset, fed.partition, fed.num_clients, fed.clients_per_domain)
     summary = recorder.finish(
         cfg.settings,
         {"num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,
          "dataset": rank.dataset.name, "method": method.key, "labeller": None if labeller is None else labeller.key,
-         "skipped_images": skipped, **domains},
+         "skipped_images": skipped, "train_labels": truth.train_labels is not None, "test_labels": recorder.test_labels,
+         **domains},
     )
     return FitResult(summary, rank, server.shared)
 

@@ -27,6 +27,9 @@ from fedur.train.module import PromptTuner
 from fedur.train.progress import QUIET, Progress
 
 
+UNLABELLED = -1  # the label `predict` gives an image of a split without labels
+
+
 @dataclass(frozen=True)
 class LocalWork:
     """How the clients' local passes run (plain values from the config)."""
@@ -77,7 +80,8 @@ class Rank:
     def predict(
         self, split: Literal["train", "test"], zero_shot: bool = False, desc: str | None = None
     ) -> dict[int, tuple[Tensor, Tensor]]:
-        """Each hosted client's (logits (n_k, C) float32 on CPU, true labels (n_k,)) over its own images of
+        """Each hosted client's (logits (n_k, C) float32 on CPU, true labels (n_k,), UNLABELLED (-1) where the split
+        has none: the train split never has, fedur/train/setup.py) over its own images of
         `split`: with its model (the method's logits with the client's prompts), or as zero-shot CLIP. A unit
         of several clients goes through the loader and the grouped forward together. With `desc`, rank 0
         shows the progress over units and batches."""
@@ -132,5 +136,6 @@ class Rank:
 
     def _loader(self, split: str, indices: np.ndarray, owners: Tensor) -> Any:
         data = getattr(self.dataset, split)
-        images = ClientImages(data, indices, self.transform, (torch.from_numpy(data.labels[indices]), owners))
+        labels = torch.from_numpy(data.labels[indices]) if data.labelled else torch.full((len(indices),), UNLABELLED)
+        images = ClientImages(data, indices, self.transform, (labels, owners))
         return make_loader(images, self.work.eval_batch_size, self.work.num_workers)

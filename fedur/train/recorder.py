@@ -26,9 +26,10 @@ from fedur.train.progress import QUIET, Progress, eta_seconds, format_duration
 from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir
 
 
-def summary_table(rounds: list[dict], zero_shot: list[float | None] | None) -> str:
-    """Per client: zero-shot, final and best accuracy (%) with its round, selected count in the final
-    round; then the mean over clients (best: of the mean curve)."""
+def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accuracy: bool = True) -> str:
+    """Per client: zero-shot, final and best accuracy (%) with its round (without test labels, no
+    `accuracy`: none of these), selected count in the final round; then the mean over clients (best: of the
+    mean curve)."""
     num_clients = len(rounds[-1]["client_accuracy"])
     zero_shot = zero_shot or [None] * num_clients
 
@@ -44,6 +45,9 @@ def summary_table(rounds: list[dict], zero_shot: list[float | None] | None) -> s
     lines.append(["mean", fmt(mean(zero_shot)), fmt(rounds[-1]["mean_accuracy"]), fmt(value), at_round(at),
                   fmt(mean(rounds[-1]["selected"]), 0)])
     header = ["client", "zero-shot", "final", "best", "at round", "selected"]
+    if not accuracy:
+        lines = [[row[0], row[-1]] for row in lines]
+        header = ["client", "selected"]
     widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header, *lines])
 
@@ -59,6 +63,7 @@ class Recorder:
         self.zero_shot: dict = dict(history.zero_shot)
         self.placement: dict = {}
         self.classnames: list[str] = []
+        self.test_labels = True  # False: no accuracy to report (note_unlabelled)
         self.tensorboard = None
         if enabled:
             purge = {"purge_step": start_round + 1} if start_round else {}  # passed on to SummaryWriter
@@ -101,17 +106,30 @@ class Recorder:
         for line in placement_lines(placement):
             self.note(line)
 
-    def record_partition(self, train_hist: np.ndarray, test_hist: np.ndarray, classnames: list[str]) -> None:
-        """partition.json, and the client x class heatmaps of the split as partition_{train,test}.png and
-        TensorBoard images (step 0)."""
-        self.classnames = classnames
-        self._write_json("partition.json", {"classnames": classnames, "train": train_hist.tolist(), "test": test_hist.tolist()})
+    def record_partition(self, partition: dict) -> None:
+        """partition.json (fedur/train/setup.py::partition_record: each client's class counts and image ids), and
+        the client x class heatmaps of the split as partition_{train,test}.png and TensorBoard images (step 0)
+        where there are labels to count."""
+        self.classnames = classnames = partition["classnames"]
+        self._write_json("partition.json", partition)
         if not self.enabled:
             return
-        clients = [f"client {k}" for k in range(len(train_hist))]
-        for name, hist in (("train", train_hist), ("test", test_hist)):
-            fig = heatmap(hist, clients, classnames, f"{name} images per client and class")
-            self._figure(fig, f"partition/{name}", 0, file=f"partition_{name}.png")
+        names = partition.get("client_names")
+        clients = [f"client {k}" + (f" ({names[k]})" if names else "") for k in range(len(partition["train_sizes"]))]
+        for name in ("train", "test"):
+            if partition[name] is not None:
+                fig = heatmap(np.array(partition[name]), clients, classnames, f"{name} images per client and class")
+                self._figure(fig, f"partition/{name}", 0, file=f"partition_{name}.png")
+
+    def note_unlabelled(self, train_labels: bool, test_labels: bool) -> None:
+        """Say once what is not reported for want of labels (metrics.jsonl and summary.json hold null there)."""
+        self.test_labels = test_labels
+        if not train_labels:
+            self.note("no train labels: pseudo-label accuracy is not reported; selected counts, pseudo-label "
+                      "histograms (metrics.jsonl: selection) and agreement between refreshes are")
+        if not test_labels:
+            self.note("no test labels: test accuracy (per client and mean), the confusion matrix and the zero-shot "
+                      "accuracy are not reported; each client's predictions per image are written to predictions/")
 
     def record_zero_shot(self, counts: Tensor) -> None:
         per_client = accuracies(counts)
@@ -120,13 +138,14 @@ class Recorder:
             "zero_shot_client_mean": mean(per_client),
             "zero_shot_client_accuracy": per_client,
             # the client test sets partition the whole test set, so this is zero-shot on the test set
-            "zero_shot_global": 100.0 * float(total[0]) / max(float(total[1]), 1.0),
+            "zero_shot_global": 100.0 * float(total[0]) / float(total[1]) if total[1] > 0 else None,
         }
         self._write_json(ZERO_SHOT, self.zero_shot)
-        self.note(
-            f"zero-shot CLIP: client mean {fmt(self.zero_shot['zero_shot_client_mean'])}%, "
-            f"global {self.zero_shot['zero_shot_global']:.2f}%"
-        )
+        if self.test_labels:
+            self.note(
+                f"zero-shot CLIP: client mean {fmt(self.zero_shot['zero_shot_client_mean'])}%, "
+                f"global {self.zero_shot['zero_shot_global']:.2f}%"
+            )
         clients = {f"accuracy/client_{k:03d}": acc for k, acc in enumerate(per_client)}
         self._scalars({"accuracy/mean": self.zero_shot["zero_shot_client_mean"], **clients}, step=0)
 
@@ -144,6 +163,7 @@ class Recorder:
             "comm/bytes_total": sum(row["bytes_sent"]),
             "comm/bytes_cumulative": sum(sum(r["bytes_sent"]) for r in self.rounds),
             "pseudo_labels/accuracy_mean": mean(row["pseudo_label_accuracy"]),
+            "pseudo_labels/agreement_mean": mean(row["pseudo_label_agreement"]),
             "pseudo_labels/selected_total": None if row["selected_per_class"] is None else sum(row["selected"]),
         }
         for k, acc in enumerate(row["client_accuracy"]):
@@ -169,9 +189,12 @@ class Recorder:
             self._figure(fig, "pseudo_labels/selection", step)
         session = self.rounds[self.start_round:]  # the pace of this process, not of an interrupted one
         left = eta_seconds(sum(r["round_seconds"] for r in session), len(session), row["rounds"] - step)
-        parts = [f"round {step:>3}/{row['rounds']}", f"acc {fmt(row['mean_accuracy'])}%"]
+        parts = [f"round {step:>3}/{row['rounds']}"] + ([f"acc {fmt(row['mean_accuracy'])}%"] if self.test_labels else [])
         if row["selected_per_class"] is not None:  # a method with pseudo-labels
-            parts += [f"pseudo-label acc {fmt(mean(row['pseudo_label_accuracy']))}%", f"selected {sum(row['selected'])}"]
+            hits = mean(row["pseudo_label_accuracy"])
+            parts += ([] if hits is None else [f"pseudo-label acc {fmt(hits)}%"]) + [f"selected {sum(row['selected'])}"]
+            agreed = mean(row["pseudo_label_agreement"])
+            parts += [] if agreed is None else [f"agreement {fmt(agreed)}%"]
         if row["lr"] is not None:  # some client trained
             parts += [f"loss {fmt(mean(row['loss']), 4)}", f"lr {fmt(row['lr'], 4)}"]
         self.note("  ".join([*parts, f"{row['round_seconds']:.1f}s", f"eta {format_duration(left)}"]))
@@ -225,8 +248,8 @@ class Recorder:
                 self.tensorboard.log_hyperparams(settings, present, step=len(self.rounds))
             self.tensorboard.finalize("success")
         if self.rounds:
-            self.note(summary_table(self.rounds, self.zero_shot.get("zero_shot_client_accuracy")))
-        if not self.rounds:  # zero-shot CLIP: nothing was trained
+            self.note(summary_table(self.rounds, self.zero_shot.get("zero_shot_client_accuracy"), self.test_labels))
+        if not self.rounds or not self.test_labels:  # zero-shot CLIP (nothing was trained), or no accuracy to give
             return summary
         best_round = "n/a" if summary["best_round"] is None else summary["best_round"] + 1
         self.note(

@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from fedur.federated.client import check_tensors
-from fedur.labels.base import Labeller
+from fedur.labels.base import Labeller, PseudoLabels
 
 if TYPE_CHECKING:
     from fedur.train.rank import Rank
@@ -24,17 +25,23 @@ class Refresh:
     estimated: Tensor  # (K, C) u_k: filtered argmax histograms, the clients' uploads (else `selected`)
     quotas: Tensor  # (K, C) allocated u~_k (equal to `selected` for labellers that do not cooperate)
     selected: Tensor  # (K, C) realized selected counts
-    label_hits: Tensor  # (K, 2) selected samples whose pseudo-label is right, and selected samples (monitoring)
+    label_hits: Tensor | None  # (K, 2) selected samples whose pseudo-label is right, and selected samples
+    # (monitoring; None when the train images have no labels)
     class_weights: Tensor | None  # (C,) global weights of L_pos
+    agreement: Tensor | None = None  # (K, 2) images selected at this refresh and the previous one with the same
+    # pseudo-label both times, and images selected both times (label-free monitoring; None at the first refresh)
 
 
-def refresh_pseudo_labels(rank: Rank, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int) -> Refresh:
+def refresh_pseudo_labels(
+    rank: Rank, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int, train_labels: np.ndarray | None
+) -> Refresh:
     """Label every local client's train set with zero-shot CLIP (the first refresh) or with the client's
     current model (the method's logits with its prompts), then let `labeller` select. Every rank calls this.
 
     Sets `client.pseudo_labels` of the local clients and lets the method build what it keeps per client.
-    The true labels are read only to count `label_hits` for monitoring. `n_total`: the size of the whole
-    train set (the cooperative allocation's fallback).
+    The rank's train split has no labels: `train_labels` (the true label of every train row, None when the
+    data has none) is read only here, and only to count `label_hits` for monitoring. `n_total`: the size of
+    the whole train set (the cooperative allocation's fallback).
     """
     num_classes = rank.model.num_classes
     predictions = rank.predict("train", zero_shot, desc="pseudo-labelling clients")
@@ -47,17 +54,35 @@ def refresh_pseudo_labels(rank: Rank, zero_shot: bool, refresh_idx: int, labelle
         quotas = labeller.allocate(all_estimated, n_total, refresh_idx)
     local = {}
     for client in rank.clients:
-        p, truth = probs[client.client_id], predictions[client.client_id][1]
+        previous = client.pseudo_labels
         client.pseudo_labels = chosen = labeller.select(
-            p, None if quotas is None else quotas[client.client_id], refresh_idx, previous=client.pseudo_labels
+            probs[client.client_id], None if quotas is None else quotas[client.client_id], refresh_idx, previous=previous
         )
         rank.method.after_refresh(client, rank)
         check_tensors(client.extra, f"{type(rank.method).__name__}.after_refresh's client.extra")
-        hits = int((chosen.labels == truth[chosen.indices]).sum())
         counts = torch.bincount(chosen.labels, minlength=num_classes)
-        local[client.client_id] = torch.cat([counts, torch.tensor([hits, len(chosen.labels)])])
-    gathered = rank.gather(local, torch.zeros(num_classes + 2, dtype=torch.long), what="selected counts")
-    selected, label_hits = gathered[:, :num_classes], gathered[:, num_classes:]
+        local[client.client_id] = torch.cat([counts, label_hits(chosen, client.train_indices, train_labels),
+                                             agreement(previous, chosen)])
+    gathered = rank.gather(local, torch.zeros(num_classes + 4, dtype=torch.long), what="selected counts")
+    selected, hits, agreed = gathered[:, :num_classes], gathered[:, num_classes:num_classes + 2], gathered[:, num_classes + 2:]
     if quotas is None:
         all_estimated = quotas = selected
-    return Refresh(all_estimated, quotas, selected, label_hits, labeller.class_weights(quotas, selected))
+    return Refresh(all_estimated, quotas, selected, None if train_labels is None else hits,
+                   labeller.class_weights(quotas, selected), None if zero_shot else agreed)
+
+
+def label_hits(chosen: PseudoLabels, train_indices: np.ndarray, train_labels: np.ndarray | None) -> Tensor:
+    """(2,) [selected samples whose pseudo-label is the true label, selected samples]; zeros without labels."""
+    if train_labels is None:
+        return torch.zeros(2, dtype=torch.long)
+    truth = torch.from_numpy(train_labels[train_indices[chosen.indices.numpy()]])
+    return torch.tensor([int((chosen.labels == truth).sum()), len(chosen.labels)])
+
+
+def agreement(previous: PseudoLabels | None, chosen: PseudoLabels) -> Tensor:
+    """(2,) [samples selected at both refreshes with the same pseudo-label, samples selected at both]."""
+    if previous is None:
+        return torch.zeros(2, dtype=torch.long)
+    before = dict(zip(previous.indices.tolist(), previous.labels.tolist()))
+    both = [(before[i], label) for i, label in zip(chosen.indices.tolist(), chosen.labels.tolist()) if i in before]
+    return torch.tensor([sum(a == b for a, b in both), len(both)])

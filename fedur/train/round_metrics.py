@@ -45,7 +45,11 @@ def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, di
         "rounds": rounds,
         "mean_accuracy": mean(client_acc),
         "client_accuracy": client_acc,
-        "pseudo_label_accuracy": [None] * num_clients if refresh is None else accuracies(refresh.label_hits),
+        "pseudo_label_accuracy": [None] * num_clients if refresh is None or refresh.label_hits is None
+        else accuracies(refresh.label_hits),  # None without train labels
+        # % of the images selected at this refresh and the previous one that kept their pseudo-label (no labels needed)
+        "pseudo_label_agreement": accuracies(refresh.agreement) if refreshed and refresh.agreement is not None
+        else [None] * num_clients,
         "selected": [None] * num_clients if refresh is None else refresh.selected.sum(dim=1).tolist(),
         "selected_per_class": None if refresh is None else refresh.selected.sum(dim=0).tolist(),
         "selection": refresh.selected.tolist() if refreshed else None,  # (K, C)

@@ -170,6 +170,7 @@ ADDED_SETTINGS = {
     "method.cache_self_vote": True,  # each voting for itself,
     "method.cache_alpha_scale": "none",  # alpha as given
     "optim.schedule": "cosine",
+    "federation.partition_file": None,
 }
 
 

@@ -3,6 +3,8 @@ once into the image cache) and its split across clients, and the state of the cl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from lightning import Fabric
@@ -10,7 +12,8 @@ from lightning import Fabric
 from fedur.config import Config
 from fedur.data.cache import CacheOptions, prepare_splits, stderr_progress
 from fedur.data.datasets import DataOptions, ImageDataset, prepare_dataset
-from fedur.data.partition import PartitionSpec, class_histogram, split_clients
+from fedur.data.partition import Parts, PartitionSpec, class_histogram, split_clients
+from fedur.data.split_file import image_ids, keep_rows, part_ids, read_split_file
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
@@ -21,11 +24,21 @@ from fedur.train.progress import Progress
 from fedur.train.rank import LocalWork, Rank
 
 
+@dataclass
+class Truth:
+    """What only monitoring reads, kept apart from the rank: once the split is made the rank's train split
+    carries no labels, so no method, labeller or loader can train on one."""
+
+    train_labels: np.ndarray | None  # (N,) the true label of every train row; None when the data has none
+    partition: dict  # partition.json: the class counts per client (when labelled) and each client's image ids
+
+
 def setup(
     fabric: Fabric, collectives: Collectives, cfg: Config, progress: Progress
-) -> tuple[Rank, tuple[np.ndarray, np.ndarray], list[str]]:
-    """This rank; every client's (K, C) class counts of its train and of its test images (the split is the
-    same pure function on every rank); and the images left out as unreadable (data.corrupt_images: skip)."""
+) -> tuple[Rank, Truth, list[str]]:
+    """This rank (its dataset's train split without labels); the true train labels and the split as
+    partition.json records it (the split is the same on every rank); and the images left out as unreadable
+    (data.corrupt_images: skip)."""
     d, fed, optim, method = cfg.data, cfg.federation, cfg.optim, cfg.method
     labeller = method.pair(cfg.labeller)
     if labeller is not None:
@@ -34,13 +47,23 @@ def setup(
         torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
         clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
         dataset = load_data(cfg)
+        given = read_split_file(fed.partition_file, dataset.train, dataset.test, cfg.dataset.root) \
+            if fed.partition == "file" else None  # checked before any image is decoded
         loading = prepare_splits(
             dataset.train, dataset.test, clip.preprocess, clip.image_size, cfg.dataset.cache_key,
             CacheOptions(d.cache, d.cache_dir, d.corrupt_images),
             progress=stderr_progress() if fabric.is_global_zero and cfg.run.progress else None,
         )
     dataset.train, dataset.test = loading.train, loading.test  # without skipped images, rows of the cache
-    train_parts, test_parts = split_clients(partition_spec(cfg), dataset.train, dataset.test, cfg.dataset.key)
+    if given is None:
+        train_parts, test_parts = split_clients(partition_spec(cfg), dataset.train, dataset.test, cfg.dataset.key)
+        shared_test = fed.partition == "clients" and dataset.test.clients is None
+    else:
+        train_parts, shared_test = keep_rows(given[0], loading.train_kept), given[1] is None
+        test_parts = [np.arange(len(dataset.test), dtype=np.int64)] * len(train_parts) if shared_test \
+            else keep_rows(given[1], loading.test_kept)
+    truth = Truth(dataset.train.labels, partition_record(dataset, train_parts, test_parts, shared_test, cfg.dataset.root))
+    dataset.train = dataset.train.without_labels()  # from here on, training cannot read a true train label
     model = PromptedCLIP(
         clip, dataset.classnames, cfg.model.n_ctx, method.visual_tokens(cfg.model.visual_tokens), cfg.model.visual_depth,
         cfg.model.ctx_init_std, cfg.run.seed, local_text=method.local_text,
@@ -56,9 +79,31 @@ def setup(
     work = LocalWork(optim.batch_size, optim.eval_batch_size, d.num_workers, cfg.run.seed, cfg.run.log_every_n_steps,
                      cfg.run.clients_per_step)
     rank = Rank(fabric, collectives, tuner, clients, dataset, loading.transform, fed.num_clients, work, progress)
-    counts = tuple(class_histogram(s.labels, parts, dataset.num_classes)
-                   for s, parts in ((dataset.train, train_parts), (dataset.test, test_parts)))
-    return rank, counts, loading.skipped
+    return rank, truth, loading.skipped
+
+
+def partition_record(
+    dataset: ImageDataset, train_parts: Parts, test_parts: Parts, shared_test: bool, root: str | None
+) -> dict:
+    """partition.json: the class names; each client's (K, C) class counts of its train and test images (null
+    without labels); each client's train and test image ids (`fedur.data.split_file`: paths relative to
+    dataset.root, or indices; test_ids null when every client is tested on the whole test set), which
+    federation.partition=file reads back; and the clients' names when the data brings its own clients."""
+    train, test, num_classes = dataset.train, dataset.test, dataset.num_classes
+    return {
+        "classnames": dataset.classnames,
+        "train": _listed(class_histogram(train.labels, train_parts, num_classes)),
+        "test": _listed(class_histogram(test.labels, test_parts, num_classes)),
+        "train_sizes": [len(part) for part in train_parts],
+        "test_sizes": [len(part) for part in test_parts],
+        "client_names": dataset.client_names,
+        "train_ids": part_ids(train_parts, image_ids(train, root)),
+        "test_ids": None if shared_test else part_ids(test_parts, image_ids(test, root)),
+    }
+
+
+def _listed(hist: np.ndarray | None) -> list | None:
+    return None if hist is None else hist.tolist()
 
 
 def load_data(cfg: Config) -> ImageDataset:

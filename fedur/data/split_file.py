@@ -1,0 +1,189 @@
+"""A split across clients read from a file (`federation.partition=file`), and the image ids that make every
+run's split readable back: `partition.json` lists each client's train and test ids, so another run given
+that file (`federation.partition_file=<run>/partition.json`) trains on exactly the same split.
+
+An image's id is its path relative to `dataset.root` (with '/'; an absolute path for an image outside it)
+for datasets of image files, and its index in the loaded split (0 .. N-1, in the dataset's order) for
+images held in memory (the generated ones); a JSON file may give indices for any dataset.
+
+JSON: {"train_ids": [[id, ...] per client], "test_ids": [[id, ...] per client] or null}. A client is its
+position in the list. `test_ids` null or absent: every client is tested on the whole test set.
+CSV: a header naming the columns `client` (an integer, 0 .. K-1), `image` (an id) and optionally `split`
+(train or test; absent: train), then one line per image. Without test lines every client is tested on the
+whole test set.
+
+Either way every train image (and, when test ids are given, every test image) is listed exactly once, no
+id is unknown, and no client is without a train image; each error is one line naming the entry.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from fedur.data.images import ImageSplit
+from fedur.data.partition import Parts, PartitionError
+
+SPLITS = ("train", "test")
+
+
+def image_ids(split: ImageSplit, root: str | None) -> list[str] | None:
+    """Each image's id: its path relative to `root` ('/'-separated; absolute when outside it), or None when
+    the split holds no paths (its ids are indices)."""
+    if split.paths is None:
+        return None
+    base = os.path.abspath(root) if root else None
+    out = []
+    for path in split.paths:
+        full = os.path.abspath(path)
+        inside = base is not None and full.startswith(base + os.sep)
+        out.append(Path(os.path.relpath(full, base)).as_posix() if inside else Path(full).as_posix())
+    return out
+
+
+def part_ids(parts: Parts, ids: list[str] | None) -> list[list[str | int]]:
+    """Each client's ids: `ids` at its indices, or the indices themselves when there are no path ids."""
+    return [[int(i) for i in part] if ids is None else [ids[i] for i in part] for part in parts]
+
+
+def read_split_file(path: str, train: ImageSplit, test: ImageSplit, root: str | None) -> tuple[Parts, Parts | None]:
+    """(train parts, test parts or None for a test set every client shares) from a JSON or CSV split file,
+    checked against the loaded splits; raises PartitionError with one line naming the wrong entry."""
+    entries = read_entries(path)
+    train_parts = _resolve(path, "train", entries["train"], train, root)
+    for k, part in enumerate(train_parts):
+        if len(part) == 0:
+            raise PartitionError(f"federation.partition_file={path}: client {k} has no train image; every client "
+                                 "needs at least one (remove the client or give it images)")
+    if entries["test"] is None:
+        return train_parts, None
+    if len(entries["test"]) > len(train_parts):
+        raise PartitionError(f"federation.partition_file={path}: test ids name {len(entries['test'])} clients but the "
+                             f"train ids only {len(train_parts)}; give every client with test images train images too")
+    padded = entries["test"] + [[] for _ in range(len(train_parts) - len(entries["test"]))]
+    return train_parts, _resolve(path, "test", padded, test, root)
+
+
+def count_clients(path: str) -> int:
+    """The number of clients a split file names (what federation.num_clients becomes)."""
+    return len(read_entries(path)["train"])
+
+
+def read_entries(path: str) -> dict[str, list[list] | None]:
+    """{"train": [[id, ...] per client], "test": [[id, ...] per client] or None}, as the file gives them."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise PartitionError(f"federation.partition_file={path} does not exist; give a JSON or CSV split file "
+                             "(e.g. the partition.json of an earlier run)")
+    if file.suffix.lower() == ".csv":
+        return _read_csv(path, file)
+    try:
+        content = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PartitionError(f"federation.partition_file={path} is not valid JSON ({err}); give JSON with "
+                             "train_ids (a list per client) or a .csv file") from err
+    if not isinstance(content, dict) or not isinstance(content.get("train_ids"), list):
+        raise PartitionError(f"federation.partition_file={path} has no 'train_ids' list (one list of image ids per "
+                             "client); an earlier run's partition.json has one")
+    entries = {}
+    for split in SPLITS:
+        lists = content.get(f"{split}_ids")
+        if split == "test" and lists is None:
+            entries[split] = None
+            continue
+        if not isinstance(lists, list) or not all(isinstance(ids, list) for ids in lists):
+            raise PartitionError(f"federation.partition_file={path}: '{split}_ids' must be a list of lists of image ids "
+                                 "(one list per client)")
+        entries[split] = lists
+    if not entries["train"]:
+        raise PartitionError(f"federation.partition_file={path}: 'train_ids' names no client")
+    return entries
+
+
+def _read_csv(path: str, file: Path) -> dict[str, list[list] | None]:
+    with open(file, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    header = [name.strip().lower() for name in rows[0]] if rows else []
+    if "client" not in header or "image" not in header:
+        raise PartitionError(f"federation.partition_file={path}: the first line must name the columns client and image "
+                             f"(and optionally split), found {rows[0] if rows else 'an empty file'}")
+    col = {name: header.index(name) for name in ("client", "image", "split") if name in header}
+    by_split: dict[str, dict[int, list]] = {"train": {}, "test": {}}
+    for number, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) < len(header):
+            raise PartitionError(f"{path}:{number}: expected {len(header)} columns ({', '.join(header)}), found {row}")
+        client, image = row[col["client"]].strip(), row[col["image"]].strip()
+        split = row[col["split"]].strip().lower() if "split" in col else "train"
+        if split not in SPLITS:
+            raise PartitionError(f"{path}:{number}: split {split!r} is neither train nor test")
+        if not client.isdigit():
+            raise PartitionError(f"{path}:{number}: client {client!r} is not a client id (0, 1, ...)")
+        by_split[split].setdefault(int(client), []).append(image)
+    if not by_split["train"]:
+        raise PartitionError(f"federation.partition_file={path} lists no train image")
+    num_clients = max(max(by_split["train"]), max(by_split["test"], default=-1)) + 1
+    missing = [k for k in range(num_clients) if k not in by_split["train"]]
+    if missing:
+        raise PartitionError(f"federation.partition_file={path}: client {missing[0]} has no train image (client ids "
+                             f"run 0 .. {num_clients - 1}); every client needs at least one")
+    lists = {split: [by_split[split].get(k, []) for k in range(num_clients)] for split in SPLITS}
+    return {"train": lists["train"], "test": lists["test"] if by_split["test"] else None}
+
+
+def _resolve(path: str, split: str, lists: list[list], data: ImageSplit, root: str | None) -> Parts:
+    """Index arrays into `data` of each client's ids, checking that each of its images is named once."""
+    ids = image_ids(data, root)
+    position = None if ids is None else {image: i for i, image in enumerate(ids)}
+    owner: dict[int, str] = {}
+    parts = []
+    for k, entries in enumerate(lists):
+        part = []
+        for j, entry in enumerate(entries):
+            where = f"{split}_ids[{k}][{j}]"
+            index = _index(path, where, entry, position, len(data), split, ids)
+            if index in owner:
+                raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} names a {split} image "
+                                     f"already listed at {owner[index]}; list every image once")
+            owner[index] = where
+            part.append(index)
+        parts.append(np.asarray(part, dtype=np.int64))
+    if len(owner) != len(data):
+        left = next(i for i in range(len(data)) if i not in owner)
+        raise PartitionError(f"federation.partition_file={path}: {len(data) - len(owner)} of the {len(data)} {split} "
+                             f"images are in no client, e.g. {ids[left] if ids is not None else left!r}; list every "
+                             "image once")
+    return parts
+
+
+def _index(path: str, where: str, entry, position: dict[str, int] | None, n: int, split: str, ids: list[str] | None) -> int:
+    if isinstance(entry, int) and not isinstance(entry, bool) or (isinstance(entry, str) and position is None and entry.isdigit()):
+        index = int(entry)
+        if not 0 <= index < n:
+            raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} is not an index of the {n} "
+                                 f"{split} images (0 .. {n - 1})")
+        return index
+    if position is None:
+        raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r}: this dataset's images are not "
+                             "files; give their indices (0 .. N-1)")
+    index = position.get(Path(str(entry)).as_posix())
+    if index is None:
+        raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} is not a {split} image of the "
+                             f"dataset (ids are paths relative to dataset.root, e.g. {ids[0]!r})")
+    return index
+
+
+def keep_rows(parts: Parts, kept: np.ndarray) -> Parts:
+    """`parts` (indices into a split) as indices into its subset of rows `kept` (sorted), without the rows
+    left out (images skipped as unreadable)."""
+    out = []
+    for part in parts:
+        at = np.searchsorted(kept, part)
+        inside = (at < len(kept)) & (kept[np.minimum(at, len(kept) - 1)] == part) if len(kept) else np.zeros(len(part), bool)
+        out.append(at[inside].astype(np.int64))
+    return out
