@@ -83,8 +83,18 @@ def load_run(path: Path, name: str | None = None) -> Run:
     else:  # written right after the zero-shot evaluation, before the first round
         zero_shot = _read_json(path / "zero_shot.json") if (path / "zero_shot.json").is_file() else {}
     partition = _read_json(path / "partition.json") if (path / "partition.json").is_file() else None
-    train_sizes = [sum(row) for row in partition["train"]] if partition else None
+    train_sizes = partition_sizes(partition)
     return Run(path, name or path.name, rounds, settings, summary, zero_shot, train_sizes)
+
+
+def partition_sizes(partition: dict | None) -> list[int] | None:
+    """Train images per client: partition.json's train_sizes, or its class counts' sums in runs of fedur before
+    it had them (None without either: data without labels written by no such run)."""
+    if not partition:
+        return None
+    if partition.get("train_sizes") is not None:
+        return partition["train_sizes"]
+    return [sum(row) for row in partition["train"]] if partition.get("train") is not None else None
 
 
 def load_runs(paths: list[Path]) -> list[Run]:

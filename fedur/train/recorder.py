@@ -163,7 +163,7 @@ class Recorder:
             "comm/bytes_total": sum(row["bytes_sent"]),
             "comm/bytes_cumulative": sum(sum(r["bytes_sent"]) for r in self.rounds),
             "pseudo_labels/accuracy_mean": mean(row["pseudo_label_accuracy"]),
-            "pseudo_labels/agreement_mean": mean(row["pseudo_label_agreement"]),
+            "pseudo_labels/agreement_mean": mean(row.get("pseudo_label_agreement") or []),
             "pseudo_labels/selected_total": None if row["selected_per_class"] is None else sum(row["selected"]),
         }
         for k, acc in enumerate(row["client_accuracy"]):
@@ -193,7 +193,7 @@ class Recorder:
         if row["selected_per_class"] is not None:  # a method with pseudo-labels
             hits = mean(row["pseudo_label_accuracy"])
             parts += ([] if hits is None else [f"pseudo-label acc {fmt(hits)}%"]) + [f"selected {sum(row['selected'])}"]
-            agreed = mean(row["pseudo_label_agreement"])
+            agreed = mean(row.get("pseudo_label_agreement") or [])
             parts += [] if agreed is None else [f"agreement {fmt(agreed)}%"]
         if row["lr"] is not None:  # some client trained
             parts += [f"loss {fmt(mean(row['loss']), 4)}", f"lr {fmt(row['lr'], 4)}"]

@@ -28,13 +28,14 @@ LAYOUT: dict[str, str] = {
     "metrics.jsonl": "one line per round",
     "summary.json": "final and best accuracies, zero-shot, placement, settings (a finished run)",
     "placement.json": "which rank and node hosts each client",
-    "partition.json": "each client's class histogram, train and test",
+    "partition.json": "each client's class histogram (train and test) and image ids (federation.partition=file reads it)",
     "partition_train.png": "client x class heatmap of the train split",
     "partition_test.png": "client x class heatmap of the test split",
     "zero_shot.json": "zero-shot CLIP per client and on the whole test set",
     "confusion.json": "the final round's confusion matrix",
     "tensorboard": "TensorBoard events",
     "prompts": "the final prompts: global.pt and client_XXX.pt",
+    "predictions": "data without labels: each client's predicted class per image, client_XXX.csv",
     checkpoint.CHECKPOINTS: "a committed checkpoint after each round",
 }
 METRICS, ZERO_SHOT = "metrics.jsonl", "zero_shot.json"

@@ -82,7 +82,9 @@ def test_run_files_and_tensorboard_tags(tmp_path, capsys):
     assert train_hist.tolist() == [[2, 0, 1], [0, 2, 0]] and test_hist.tolist() == [[0, 0, 1], [2, 0, 0]]
     recorder.start("seed: 1\n", "two clients")
     recorder.record_placement(placement_table(2, [(0, 0)], None))
-    recorder.record_partition(train_hist, test_hist, ["cat", "dog", "owl"])
+    recorder.record_partition({"classnames": ["cat", "dog", "owl"], "train": train_hist.tolist(), "test": test_hist.tolist(),
+                               "train_sizes": [3, 2], "test_sizes": [1, 2], "client_names": None,
+                               "train_ids": [[0, 1, 2], [3, 4]], "test_ids": [[0], [1, 2]]})
     recorder.record_zero_shot(ZERO_SHOT)
     recorder.record_round(row(0, ACCURACY[0], rounds=1))
     confusion = torch.tensor([[[2, 0, 0], [0, 0, 1], [0, 0, 0]], [[0, 0, 0], [1, 1, 0], [0, 0, 3]]])  # (K, C, C)
