@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 
 from fedur.data import synthetic
+from fedur.data.datasets import ImageDataset, Synthetic
 
 TestLayout = Literal["own", "unlabelled", "shared", "none"]
 
@@ -59,3 +60,25 @@ def write_client_folders(
     classnames = root / "classnames.txt"
     classnames.write_text("\n".join(names) + "\n")
     return classnames
+
+
+class ScrambledSynthetic(Synthetic):
+    """The generated shapes with the train labels scrambled: each train label value c becomes `permutation[c]`
+    (a seeded permutation of the label values), the images and the test labels unchanged. A test-only
+    variant of Synthetic (same key, same images, same cache): with the split fixed (federation.partition
+    =file), a run on it must compute what a run on Synthetic does."""
+
+    def __init__(
+        self, classes: int = 10, train_per_class: int = 60, test_per_class: int = 20, image_size: int = 32,
+        permutation_seed: int = 1,
+    ):
+        super().__init__(classes, train_per_class, test_per_class, image_size)
+        self.permutation_seed = permutation_seed
+
+    def permutation(self) -> np.ndarray:
+        return np.random.RandomState(self.permutation_seed).permutation(self.classes)
+
+    def load(self, seed: int) -> ImageDataset:
+        dataset = super().load(seed)
+        dataset.train.labels = self.permutation()[dataset.train.labels]
+        return dataset

@@ -1,0 +1,89 @@
+"""Training never sees a true train label, for every method and every pseudo-labeller.
+
+Each case runs twice on the generated shapes: once as drawn (a Dirichlet split by label), once with the train
+labels scrambled (a permutation of the label values, tests/own_data.py::ScrambledSynthetic) and the split read
+back from the first run's partition.json (federation.partition=file). Every selection, prompt, checkpoint
+and test accuracy must be bitwise the same; only the monitoring may differ (pseudo-label accuracy, the
+class counts of the split). Structurally, the rank's train split holds no labels once the split is made
+(fedur/train/setup.py), so this guards that no path brings them back. The second run is also the proof that
+a split written by one run and read by another gives the same results bitwise (the unscrambled replay is
+checked in tests/test_own_data.py on 2 ranks).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedur.main import main
+
+from .conftest import read_rounds
+from .own_data import ScrambledSynthetic
+from .test_resume import tensors_of
+
+pytestmark = pytest.mark.slow  # 18 whole (tiny) runs
+
+MONITORING = {"pseudo_label_accuracy", "round_seconds", "phase_seconds"}  # what may differ, and timing
+# Every method once, every labeller at least once; two refreshes (the second from trained prompts).
+CASES = {
+    "fedur-codpl": ["--method", "FedUR"],
+    "fedcopl-copl": ["--method", "FedCoPL"],
+    "promptfl-fpl": ["--method", "PromptFL"],
+    "promptprox-cpl": ["--method", "PromptProx", "--labeller", "CPL"],
+    "pfedprompt-fpl": ["--method", "PFedPrompt", "--method.cache_shots", "4"],
+    "fedotp-codpl": ["--method", "FedOTP", "--labeller", "CoDPL"],
+    "gdau": ["--method", "GDAU"],
+    "zeroshot": ["--method", "ZeroShot"],
+    "fedur-fpl": ["--method", "FedUR", "--labeller", "FPL"],
+}
+COMMON = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.refresh_every", "1",
+          "--run.progress", "false"]
+SYNTHETIC = ["--dataset.classes", "5", "--dataset.train_per_class", "60", "--dataset.test_per_class", "20"]
+PERMUTATION_SEED = 3  # [3 4 1 0 2]: no label keeps its value
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("blind")
+    for name, extra in CASES.items():
+        drawn, scrambled = root / f"{name}-drawn", root / f"{name}-scrambled"
+        main([*COMMON, *extra, "--run.output_dir", str(drawn)])
+        main([*COMMON, *extra, "--dataset", "tests.own_data.ScrambledSynthetic", *SYNTHETIC,
+              "--dataset.permutation_seed", str(PERMUTATION_SEED), "--federation.partition", "file",
+              "--federation.partition_file", str(drawn / "partition.json"), "--run.output_dir", str(scrambled)])
+    return root
+
+
+def test_the_scramble_changes_every_label_value():
+    permutation = ScrambledSynthetic(classes=5, permutation_seed=PERMUTATION_SEED).permutation()
+    assert sorted(permutation.tolist()) == list(range(5)) and (permutation != np.arange(5)).all()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_scrambled_train_labels_change_nothing_but_the_monitoring(runs, name):
+    drawn, scrambled = runs / f"{name}-drawn", runs / f"{name}-scrambled"
+    split = [json.loads((run / "partition.json").read_text()) for run in (drawn, scrambled)]
+    assert split[0]["train_ids"] == split[1]["train_ids"] and split[0]["test_ids"] == split[1]["test_ids"]
+    assert split[0]["train"] != split[1]["train"] and split[0]["test"] == split[1]["test"]  # the labels did change
+
+    summaries = [json.loads((run / "summary.json").read_text()) for run in (drawn, scrambled)]
+    for key in ("final_client_accuracy", "zero_shot_client_accuracy", "zero_shot_global", "best_mean_accuracy"):
+        assert summaries[0][key] == summaries[1][key], key
+    if name == "zeroshot":
+        return
+    rows = [read_rounds(run) for run in (drawn, scrambled)]
+    strip = lambda row: {k: v for k, v in row.items() if k not in MONITORING}  # noqa: E731
+    assert [strip(r) for r in rows[0]] == [strip(r) for r in rows[1]]  # selections, losses, accuracies, uploads
+    if rows[0][0]["selection"] is not None:  # a labeller: its monitoring saw the scramble
+        assert [r["pseudo_label_accuracy"] for r in rows[0]] != [r["pseudo_label_accuracy"] for r in rows[1]]
+
+    for name_pt in sorted(p.name for p in (drawn / "prompts").iterdir()):
+        a, b = (torch.load(run / "prompts" / name_pt, weights_only=True) for run in (drawn, scrambled))
+        assert a.keys() == b.keys() and all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a)
+    for round_dir in sorted((drawn / "checkpoints").iterdir()):
+        for file in sorted(round_dir.glob("*.pt")):
+            a, b = (tensors_of(torch.load(d / file.name, weights_only=False)) for d in (round_dir, scrambled / "checkpoints" / round_dir.name))
+            differing = [k for k in a if not torch.equal(a[k], b[k])]
+            assert a.keys() == b.keys() and differing in ([], ["refresh.label_hits"]), (file, differing)
