@@ -11,7 +11,6 @@ checked in tests/test_own_data.py on 2 ranks).
 """
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,6 +83,21 @@ def test_scrambled_train_labels_change_nothing_but_the_monitoring(runs, name):
         assert a.keys() == b.keys() and all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a)
     for round_dir in sorted((drawn / "checkpoints").iterdir()):
         for file in sorted(round_dir.glob("*.pt")):
-            a, b = (tensors_of(torch.load(d / file.name, weights_only=False)) for d in (round_dir, scrambled / "checkpoints" / round_dir.name))
+            other = scrambled / "checkpoints" / round_dir.name
+            a, b = (tensors_of(torch.load(d / file.name, weights_only=False)) for d in (round_dir, other))
             differing = [k for k in a if not torch.equal(a[k], b[k])]
             assert a.keys() == b.keys() and differing in ([], ["refresh.label_hits"]), (file, differing)
+
+
+def test_the_rank_holds_no_train_label(tmp_path):
+    """The structural half: after the split, the train split a rank trains from carries no labels, and what the
+    rank predicts on its train images comes with none (-1); the true labels stay with the monitoring."""
+    from fedur.main import parse_config, run
+    from fedur.train.rank import UNLABELLED
+
+    cfg, config_yaml = parse_config([*COMMON, "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run")])
+    result = run(cfg, config_yaml)
+    assert result.rank.dataset.train.labels is None and result.rank.dataset.test.labels is not None
+    _, labels = result.rank.predict("train")[0]
+    assert len(labels) == len(result.clients[0].train_indices) > 0 and (labels == UNLABELLED).all()
+    assert json.loads((tmp_path / "run" / "partition.json").read_text())["train"] is not None  # monitoring had them

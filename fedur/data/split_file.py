@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fedur.data.images import ImageSplit
-from fedur.data.partition import Parts, PartitionError
+from fedur.data.partition import PartitionError, Parts
 
 SPLITS = ("train", "test")
 

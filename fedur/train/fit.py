@@ -18,8 +18,8 @@ from fedur.federated.placement import placement_table
 from fedur.train import checkpoint, faults
 from fedur.train.evaluate import evaluate_clients
 from fedur.train.local import train_unit
-from fedur.train.predictions import write_predictions
 from fedur.train.module import PromptTuner
+from fedur.train.predictions import write_predictions
 from fedur.train.preemption import StopRequest
 from fedur.train.progress import Progress
 from fedur.train.rank import Rank

@@ -26,7 +26,6 @@ from fedur.model.classifier import PromptedCLIP
 from fedur.train.module import PromptTuner
 from fedur.train.progress import QUIET, Progress
 
-
 UNLABELLED = -1  # the label `predict` gives an image of a split without labels
 
 

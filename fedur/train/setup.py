@@ -12,7 +12,7 @@ from lightning import Fabric
 from fedur.config import Config
 from fedur.data.cache import CacheOptions, prepare_splits, stderr_progress
 from fedur.data.datasets import DataOptions, ImageDataset, prepare_dataset
-from fedur.data.partition import Parts, PartitionSpec, class_histogram, split_clients
+from fedur.data.partition import PartitionSpec, Parts, class_histogram, split_clients
 from fedur.data.split_file import image_ids, keep_rows, part_ids, read_split_file
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives

@@ -145,7 +145,8 @@ def test_bad_split_files_are_one_line_naming_the_entry(tmp_path, content, messag
 
 def test_an_unknown_path_names_the_entry_and_the_id_form(tmp_path):
     train, test = splits(root=tmp_path)
-    path = write(tmp_path / "s.json", {"train_ids": [["img_0.png", "img_1.png", "img_2.png"], ["img_3.png", "img_4.png", "other/img_5.png"]]})
+    ids = [["img_0.png", "img_1.png", "img_2.png"], ["img_3.png", "img_4.png", "other/img_5.png"]]
+    path = write(tmp_path / "s.json", {"train_ids": ids})
     with pytest.raises(PartitionError) as err:
         read_split_file(path, train, test, str(tmp_path))
     assert "train_ids[1][2] = 'other/img_5.png' is not a train image of the dataset (ids are paths relative to " \
