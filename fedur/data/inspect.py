@@ -22,7 +22,10 @@ def count_table(split: ImageSplit, num_classes: int, num_domains: int) -> np.nda
 
 def dataset_report(dataset: ImageDataset) -> str:
     """Header, one row per class (train / test per domain, then the totals), a total row, and a line
-    naming any class that has no image in some split (and domain)."""
+    naming any class that has no image in some split (and domain). Data that brings its own clients: one
+    row per client instead (`clients_report`)."""
+    if dataset.client_names is not None:
+        return clients_report(dataset)
     domain_names = dataset.domain_names or []
     num_domains = max(1, len(domain_names))
     counts = {s: count_table(getattr(dataset, s), dataset.num_classes, num_domains) for s in SPLITS}
@@ -66,3 +69,28 @@ def _empty_cells(dataset: ImageDataset, counts: dict[str, np.ndarray], domain_na
                 shown = ", ".join(dataset.classnames[c] for c in empty[:8]) + (", ..." if len(empty) > 8 else "")
                 notes.append(f"no images in {where} for {len(empty)} classes: {shown}")
     return notes
+
+
+def clients_report(dataset: ImageDataset) -> str:
+    """Clients' own folders: the classes, then one row per client (id, folder, train and test images), and
+    what the test images are (labelled per client, one shared labelled set, unlabelled, none)."""
+    train, test, names = dataset.train, dataset.test, dataset.client_names
+    train_counts = np.bincount(train.clients, minlength=len(names))
+    test_counts = np.bincount(test.clients, minlength=len(names)) if test.clients is not None else None
+    if len(test) == 0:
+        kind = "none"
+    elif test.clients is None:
+        kind = f"one shared labelled set of {len(test):,} images, every client tested on it"
+    else:
+        kind = "labelled per client (class folders)" if test.labelled else "per client, unlabelled (predictions only)"
+    width = max(8, *(len(n) for n in names))
+    lines = [
+        f"{dataset.name}: {len(names)} clients, {len(train):,} train images (unlabelled) / {len(test):,} test images",
+        f"classes ({dataset.num_classes}, data.classnames_file): {', '.join(dataset.classnames)}",
+        f"test images: {kind}", "",
+        f"{'client':>6}  {'folder':<{width}}  {'train':>8}  {'test':>8}",
+    ]
+    for k, name in enumerate(names):
+        shown = "shared" if test_counts is None else f"{int(test_counts[k]):,}"
+        lines.append(f"{k:>6}  {name:<{width}}  {int(train_counts[k]):>8,}  {shown:>8}")
+    return "\n".join(lines)

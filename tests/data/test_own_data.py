@@ -161,3 +161,13 @@ def test_a_split_file_naming_an_image_twice_stops_the_run_before_it_starts(tmp_p
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and not (tmp_path / "run").exists()
     assert "train_ids[1][0] = 149 names a train image already listed at train_ids[0][149]" in err
+
+
+def test_check_data_lists_the_clients(tmp_path, capsys):
+    names = write_client_folders(tmp_path, clients=2, classes=3, train_per_client=5, test="shared")
+    main(["--config", "configs/tiny.yaml", "--dataset", "ClientFolders", "--dataset.root", str(tmp_path),
+          "--data.classnames_file", str(names), "--federation.partition", "clients", "--check_data"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "clientfolders: 2 clients, 10 train images (unlabelled) / 9 test images"
+    assert out[2] == "test images: one shared labelled set of 9 images, every client tested on it"
+    assert out[-2:] == ["     0  site_00         5    shared", "     1  site_01         5    shared"]
