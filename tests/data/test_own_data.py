@@ -170,4 +170,4 @@ def test_check_data_lists_the_clients(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "clientfolders: 2 clients, 10 train images (unlabelled) / 9 test images"
     assert out[2] == "test images: one shared labelled set of 9 images, every client tested on it"
-    assert out[-2:] == ["     0  site_00         5    shared", "     1  site_01         5    shared"]
+    assert out[-2:] == ["     0  site_00          5    shared", "     1  site_01          5    shared"]
