@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
 
 LAYOUTS = ("own", "unlabelled")  # labelled test images per client; no label anywhere
 QUIET = ["--run.progress", "false"]
+METHODS = ("FedCoPL", "PromptFL", "PromptProx", "PFedPrompt", "FedOTP", "GDAU", "ZeroShot")  # FedUR: the default
 
 
 def own_args(data: Path, layout: str) -> list[str]:
@@ -40,6 +41,9 @@ def runs(tmp_path_factory, data) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("own-runs")
     one = {f"{layout}-1": [*SMOKE, *QUIET, *own_args(data, layout)] for layout in LAYOUTS}
     one["drawn-1"] = [*SMOKE, *QUIET]
+    for method in METHODS:  # every other method on unlabelled own folders, 2 rounds
+        one[f"{method}-unlabelled-1"] = [*SMOKE, *QUIET, *own_args(data, "unlabelled"), "--method", method,
+                                         "--federation.rounds", "2"]
     out = {"one": run_ok([sys.executable, "tests/run_many.py", *runs_argv(one, root)], timeout=600).stdout}
     write_csv(root / "drawn-1" / "partition.json", root / "split.csv")
     two = {f"{layout}-2": [*SMOKE, *QUIET, *own_args(data, layout)] for layout in LAYOUTS}
@@ -104,7 +108,10 @@ def test_own_folders_with_test_labels_report_accuracy_but_no_pseudo_label_accura
     assert split["client_names"] == ["site_00", "site_01", "site_02"] and split["train"] is None
     assert split["train_ids"][1][0] == "clients/site_01/train/img_0000.png" and len(split["train_ids"][1]) == 40
     assert sum(map(sum, split["test"])) == 36  # the test images' classes, from their class folders
-    assert out["one"].count("no train labels: pseudo-label accuracy is not reported") == 2  # once per run: own, unlabelled
+    runs_out = out["one"].split("fedur: clientfolders")[1:]  # each run's output on its own folders, in order
+    assert len(runs_out) == 2 + len(METHODS)
+    assert all(text.count("no train labels: pseudo-label accuracy is not reported") == 1 for text in runs_out)  # once
+    assert "no test labels" not in runs_out[0]
     assert "num_clients: 3" in (run / "config.yaml").read_text()
 
 
@@ -120,8 +127,8 @@ def test_without_any_label_what_needs_labels_is_absent_and_the_rest_reported(run
     agreement = rows[2]["pseudo_label_agreement"]  # vs the refresh at round 0 (None: no image selected both times)
     assert rows[0]["pseudo_label_agreement"] == [None] * 3 and any(a is not None for a in agreement)
     assert all(a is None or 0 <= a <= 100 for a in agreement)
-    assert out["one"].count("no test labels: test accuracy (per client and mean)") == 1
     segment = out["one"].split("fedur: clientfolders")[2].split("fedur: synthetic")[0]  # this run's lines
+    assert segment.count("no test labels: test accuracy (per client and mean)") == 1
     round_lines = [line for line in segment.splitlines() if line.startswith("round")]
     assert len(round_lines) == 3 and all("selected" in line and "acc" not in line for line in round_lines)
     assert "client  selected" in segment and "final mean accuracy" not in segment  # the table without accuracy
@@ -161,3 +168,15 @@ def test_unlabelled_own_folders_killed_on_two_ranks_then_resumed_equal_the_unint
     assert resumed.returncode == 0, out[-3000:]
     assert "resumed from" in out
     assert_same(run_dir, root / "unlabelled-1")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_on_unlabelled_own_folders(runs, method):
+    root, _ = runs
+    run = root / f"{method}-unlabelled-1"
+    s = summary(run)
+    assert s["method"] == method.lower() and s["final_client_accuracy"] == [None] * 3
+    assert s["rounds_completed"] == (0 if method == "ZeroShot" else 2)
+    files = predictions(run)
+    assert sorted(files) == ["client_000.csv", "client_001.csv", "client_002.csv"]
+    assert all(len(text.splitlines()) == 1 + 40 + 12 for text in files.values())
