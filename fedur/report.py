@@ -176,7 +176,8 @@ def markdown(runs: list[Run], pngs: list[Path]) -> str:
 
 
 def plot(runs: list[Run], out: Path) -> list[Path]:
-    """accuracy_mean.png (one line per run) and accuracy_clients_<run>.png for each run."""
+    """accuracy_mean.png (one line per run) and accuracy_clients_<run>.png for each run with accuracies (a run
+    without test labels has none: its row in the tables is left empty, and it gets no plot)."""
     files = [out / "accuracy_mean.png"]
     mean_series = {
         run.name: run.curve([run.zero_shot.get("zero_shot_client_mean"), *(r["mean_accuracy"] for r in run.rounds)])
@@ -185,7 +186,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     title = "mean accuracy over clients per round (0: zero-shot CLIP)"
     save(line_plot(mean_series, title, "round", "accuracy (%)"), files[0])
     for run in runs:
-        if not run.rounds:
+        if not run.rounds or all(a is None for r in run.rounds for a in r["client_accuracy"]):
             continue
         zero_shot = run.zero_shot.get("zero_shot_client_accuracy") or [None] * len(run.rounds[0]["client_accuracy"])
         series = {

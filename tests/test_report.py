@@ -34,6 +34,24 @@ def write_run(folder, accuracy, zero_shot, summary: bool, partition="dirichlet")
         )
 
 
+def test_report_of_a_run_without_labels_leaves_accuracy_empty(tmp_path):
+    """Clients' own folders without test labels: accuracies are null, partition.json has sizes, no class counts."""
+    run = tmp_path / "unlabelled"
+    run.mkdir()
+    rows = [{"round": r, "mean_accuracy": None, "client_accuracy": [None, None], "selected": [40 + r, 30],
+             "round_seconds": 60.0} for r in range(2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (run / "partition.json").write_text(json.dumps({"train": None, "test": None, "train_sizes": [40, 30]}))
+    settings = {"federation": {"partition": "clients", "num_clients": 2, "rounds": 2}}
+    (run / "summary.json").write_text(json.dumps({"zero_shot_client_mean": None, "zero_shot_client_accuracy": [None, None],
+                                                  "dataset": "clientfolders", "wall_seconds": 120.0, "settings": settings}))
+    main([str(run), "--out", str(tmp_path / "report")])
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| unlabelled | clientfolders | clients | 2 | 2/2 |  |  |  | 2m00s | complete |" in text
+    assert "| 0 | 40 |  |  |  | 41 |" in text and "| 1 | 30 |  |  |  | 30 |" in text
+    assert sorted(p.name for p in (tmp_path / "report").glob("*.png")) == ["accuracy_mean.png"]  # no empty client plot
+
+
 def test_report_of_a_finished_and_a_running_run(tmp_path, capsys):
     write_run(tmp_path / "fedur-s1", [[50.0, 70.0], [80.0, 70.0], [70.0, 74.0]], [40.0, 60.0], summary=True)
     write_run(tmp_path / "fedcopl-s1", [[45.0, 55.0]], [40.0, 60.0], summary=False)
