@@ -9,9 +9,11 @@ your own is one class: subclass `Dataset`, give it a `key`, import it (jsonargpa
 by its dotted path: `--dataset my_module.MyData`).
 
 Labels are held back from training: only the data split (simulation) and the monitoring of
-pseudo-label accuracy read them. The paper's datasets live in `cifar.py`, `benchmarks.py` (DTD,
-RESISC45, CUB, UCF101) and `domains.py` (DomainNet, OfficeHome); this module holds the base class, your
-own image folders and the generated smoke-test images.
+pseudo-label accuracy read them; once the split is made, the rank's train split has none
+(fedur/train/setup.py). Data that comes federated (clients.py: each client's own folder) has no train
+labels. The paper's datasets live in `cifar.py`, `benchmarks.py` (DTD, RESISC45, CUB, UCF101) and
+`domains.py` (DomainNet, OfficeHome); this module holds the base class, your own image folders and the
+generated smoke-test images.
 """
 
 from __future__ import annotations

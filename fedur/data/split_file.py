@@ -162,7 +162,7 @@ def _resolve(path: str, split: str, lists: list[list], data: ImageSplit, root: s
 
 
 def _index(path: str, where: str, entry, position: dict[str, int] | None, n: int, split: str, ids: list[str] | None) -> int:
-    if isinstance(entry, int) and not isinstance(entry, bool) or (isinstance(entry, str) and position is None and entry.isdigit()):
+    if (isinstance(entry, int) and not isinstance(entry, bool)) or (isinstance(entry, str) and position is None and entry.isdigit()):
         index = int(entry)
         if not 0 <= index < n:
             raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} is not an index of the {n} "
