@@ -23,6 +23,7 @@ from argparse import ArgumentError
 from dataclasses import fields
 
 import torch
+import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance, set_parsing_settings
 
 import fedur.data  # noqa: F401  (every built-in dataset class, so that --dataset finds it by name)
@@ -236,7 +237,9 @@ def settle_num_clients(cfg: Config) -> int | None:
 
 def with_num_clients(config_yaml: str, num_clients: int) -> str:
     """The resolved YAML with federation.num_clients as the folders or the split file set it."""
-    return re.sub(r"(?m)^(federation:\n(?:[ ]+.*\n)*?[ ]+num_clients: )\d+", rf"\g<1>{num_clients}", config_yaml)
+    settings = yaml.safe_load(config_yaml)
+    settings["federation"]["num_clients"] = num_clients
+    return yaml.safe_dump(settings, sort_keys=False, allow_unicode=True)
 
 
 def validate(cfg: Config, env: LaunchEnv) -> None:

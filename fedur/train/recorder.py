@@ -126,7 +126,7 @@ class Recorder:
         self.test_labels = test_labels
         if not train_labels:
             self.note("no train labels: pseudo-label accuracy is not reported; selected counts, pseudo-label "
-                      "histograms (metrics.jsonl: selection) and agreement between refreshes are")
+                      "histograms (metrics.jsonl: selection) and agreement between refreshes are reported")
         if not test_labels:
             self.note("no test labels: test accuracy (per client and mean), the confusion matrix and the zero-shot "
                       "accuracy are not reported; each client's predictions per image are written to predictions/")
