@@ -12,7 +12,7 @@ from lightning import Fabric
 from fedur.config import Config
 from fedur.data.cache import CacheOptions, prepare_splits, stderr_progress
 from fedur.data.datasets import DataOptions, ImageDataset, prepare_dataset
-from fedur.data.partition import PartitionSpec, Parts, class_histogram, split_clients
+from fedur.data.partition import PartitionError, PartitionSpec, Parts, class_histogram, split_clients
 from fedur.data.split_file import image_ids, keep_rows, part_ids, read_split_file
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
@@ -62,6 +62,12 @@ def setup(
         train_parts, shared_test = keep_rows(given[0], loading.train_kept), given[1] is None
         test_parts = [np.arange(len(dataset.test), dtype=np.int64)] * len(train_parts) if shared_test \
             else keep_rows(given[1], loading.test_kept)
+    if fed.partition in ("clients", "file"):  # fedur's own splits keep min_train_per_client; these come as given
+        emptied = [k for k, part in enumerate(train_parts) if len(part) == 0]
+        if emptied:
+            raise PartitionError(f"client(s) {', '.join(map(str, emptied))} have no train image left once the "
+                                 f"unreadable ones were skipped (data.corrupt_images: skip); fix or remove those "
+                                 f"images, or drop the client from the split")
     truth = Truth(dataset.train.labels, partition_record(dataset, train_parts, test_parts, shared_test, cfg.dataset.root))
     dataset.train = dataset.train.without_labels()  # from here on, training cannot read a true train label
     model = PromptedCLIP(

@@ -171,3 +171,17 @@ def test_check_data_lists_the_clients(tmp_path, capsys):
     assert out[0] == "clientfolders: 2 clients, 10 train images (unlabelled) / 9 test images"
     assert out[2] == "test images: one shared labelled set of 9 images, every client tested on it"
     assert out[-2:] == ["     0  site_00          5    shared", "     1  site_01          5    shared"]
+
+
+def test_a_client_whose_images_are_all_unreadable_stops_the_run_in_one_line(tmp_path, capsys):
+    names = write_client_folders(tmp_path, clients=3, classes=3, train_per_client=5, test="none")
+    for image in (tmp_path / "clients" / "site_01" / "train").iterdir():
+        image.write_bytes(b"not an image")  # skipped as unreadable: site_01 is left with nothing
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", "configs/tiny.yaml", "--dataset", "ClientFolders", "--dataset.root", str(tmp_path),
+              "--data.classnames_file", str(names), "--federation.partition", "clients",
+              "--data.corrupt_images", "skip", "--data.cache", "false", "--run.output_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and not (tmp_path / "run").exists()
+    assert err[-1] == ("fedur: error: client(s) 1 have no train image left once the unreadable ones were skipped "
+                       "(data.corrupt_images: skip); fix or remove those images, or drop the client from the split")
