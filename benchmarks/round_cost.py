@@ -453,8 +453,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         return {**run, "command": shown, "error": (done.stdout[-1500:] + done.stderr[-1500:]).strip()}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     partition = json.loads((run_dir / "partition.json").read_text())
-    n_train = sum(map(sum, partition["train"]))
-    n_test = sum(map(sum, partition["test"]))
+    n_train, n_test = sum(partition["train_sizes"]), sum(partition["test_sizes"])
 
     costs = run["per_image_cost"]
     train_cost, eval_cost, plain_cost = costs["train"], costs["eval"], costs["eval_plain"]

@@ -64,7 +64,9 @@ def write_client_folders(
 
 class ScrambledSynthetic(Synthetic):
     """The generated shapes with the train labels scrambled: each train label value c becomes `permutation[c]`
-    (a seeded permutation of the label values), the images and the test labels unchanged. A test-only
+    (a seeded permutation of the label values), and the labels are then shuffled across the images (so that
+    images that shared a label no longer do: a leak that only groups by the true label shows too); the images
+    and the test labels unchanged. A test-only
     variant of Synthetic (same key, same images, same cache): with the split fixed (federation.partition
     =file), a run on it must compute what a run on Synthetic does."""
 
@@ -80,5 +82,6 @@ class ScrambledSynthetic(Synthetic):
 
     def load(self, seed: int) -> ImageDataset:
         dataset = super().load(seed)
-        dataset.train.labels = self.permutation()[dataset.train.labels]
+        values = self.permutation()[dataset.train.labels]
+        dataset.train.labels = np.random.RandomState(self.permutation_seed + 1).permutation(values)
         return dataset

@@ -1,13 +1,14 @@
 """Training never sees a true train label, for every method and every pseudo-labeller.
 
 Each case runs twice on the generated shapes: once as drawn (a Dirichlet split by label), once with the train
-labels scrambled (a permutation of the label values, tests/own_data.py::ScrambledSynthetic) and the split read
-back from the first run's partition.json (federation.partition=file). Every selection, prompt, checkpoint
-and test accuracy must be bitwise the same; only the monitoring may differ (pseudo-label accuracy, the
-class counts of the split). Structurally, the rank's train split holds no labels once the split is made
-(fedur/train/setup.py), so this guards that no path brings them back. The second run is also the proof that
-a split written by one run and read by another gives the same results bitwise (the unscrambled replay is
-checked in tests/test_own_data.py on 2 ranks).
+labels scrambled (a permutation of the label values, then shuffled across the images:
+tests/own_data.py::ScrambledSynthetic) and the split read back from the first run's partition.json
+(federation.partition=file). Every selection, prompt, checkpoint and test accuracy must be bitwise the
+same; only the monitoring may differ (pseudo-label accuracy, the class counts of the split). Structurally,
+the rank's train split holds no labels once the split is made (fedur/train/setup.py), so this guards that
+no path brings them back. The second run is also the proof that a split written by one run and read by
+another gives the same results bitwise (the unscrambled replay is checked in tests/test_own_data.py on 2
+ranks).
 """
 
 import json

@@ -180,3 +180,21 @@ def test_every_method_runs_on_unlabelled_own_folders(runs, method):
     files = predictions(run)
     assert sorted(files) == ["client_000.csv", "client_001.csv", "client_002.csv"]
     assert all(len(text.splitlines()) == 1 + 40 + 12 for text in files.values())
+
+
+def test_a_run_that_skipped_unreadable_images_replays_from_its_partition_json(tmp_path):
+    names = write_client_folders(tmp_path / "data", clients=3, classes=4, train_per_client=40, test_per_client=12)
+    (tmp_path / "data" / "clients" / "site_01" / "train" / "img_0045.png").write_bytes(b"not an image")
+    (tmp_path / "data" / "clients" / "site_02" / "test" / "circle").mkdir(exist_ok=True)
+    (tmp_path / "data" / "clients" / "site_02" / "test" / "circle" / "broken.png").write_bytes(b"not an image")
+    base = [*SMOKE, *QUIET, "--dataset", "ClientFolders", "--dataset.root", str(tmp_path / "data"),
+            "--data.classnames_file", str(names), "--data.corrupt_images", "skip"]
+    drawn = {"drawn": [*base, "--federation.partition", "clients"]}
+    run_ok([sys.executable, "tests/run_many.py", *runs_argv(drawn, tmp_path)], timeout=300)
+    written = json.loads((tmp_path / "drawn" / "partition.json").read_text())
+    assert written["skipped_ids"] == {"train": ["clients/site_01/train/img_0045.png"],
+                                      "test": ["clients/site_02/test/circle/broken.png"]}
+    replay = {"replay": [*base, "--federation.partition", "file", "--federation.partition_file",
+                         str(tmp_path / "drawn" / "partition.json")]}
+    run_ok([sys.executable, "tests/run_many.py", *runs_argv(replay, tmp_path)], timeout=300)
+    assert_same(tmp_path / "drawn", tmp_path / "replay")

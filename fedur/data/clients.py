@@ -69,7 +69,7 @@ class ClientFolders(Dataset):
                                        "name per line (the classes CLIP chooses among)")
         self.check()
         root, names = self._require_root(), self.client_names()
-        label_of = {name.replace("_", " "): c for c, name in enumerate(classnames)}
+        label_of = class_labels(classnames)
         train_paths, train_clients = [], []
         for k, name in enumerate(names):
             files = image_files(root / CLIENTS / name / "train")
@@ -78,6 +78,18 @@ class ClientFolders(Dataset):
         train = ImageSplit(None, paths=train_paths, clients=np.asarray(train_clients, dtype=np.int64))
         test = _test_split(root, names, label_of)
         return ImageDataset(self.key, list(label_of), DEFAULT_TEMPLATE, train, test, client_names=names)
+
+
+def class_labels(classnames: list[str]) -> dict[str, int]:
+    """Each class name (`_` read as a space, as in its test folder's name) -> its label, the file's line order."""
+    label_of: dict[str, int] = {}
+    for c, name in enumerate(classnames):
+        key = name.replace("_", " ")
+        if key in label_of:
+            raise DataUnavailableError(f"data.classnames_file names class {key!r} twice (lines {label_of[key] + 1} and "
+                                       f"{c + 1}, '_' read as a space); give every class once")
+        label_of[key] = c
+    return label_of
 
 
 def _test_split(root: Path, names: list[str], label_of: dict[str, int]) -> ImageSplit:
@@ -115,6 +127,9 @@ def _test_split(root: Path, names: list[str], label_of: dict[str, int]) -> Image
 def _kind(folder: Path) -> str:
     """"classes" (class folders), "images" (images directly), or "empty"."""
     if any(p.is_dir() for p in folder.iterdir()):
+        if image_files(folder):
+            raise DataUnavailableError(f"{folder} holds class folders and images beside them; put every test image "
+                                       "in its class folder, or none of them")
         return "classes"
     return "images" if image_files(folder) else "empty"
 

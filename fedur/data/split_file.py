@@ -13,7 +13,10 @@ CSV: a header naming the columns `client` (an integer, 0 .. K-1), `image` (an id
 whole test set.
 
 Either way every train image (and, when test ids are given, every test image) is listed exactly once, no
-id is unknown, and no client is without a train image; each error is one line naming the entry.
+id is unknown, all ids of a file are of one kind (paths or indices), and no client is without a train
+image; each error is one line naming the entry (for a CSV, its line). A JSON file may also list
+`skipped_ids` ({"train": [...], "test": [...]}): images left out on purpose, as a run that skipped unreadable
+images records them, so that its partition.json replays.
 """
 
 from __future__ import annotations
@@ -50,11 +53,19 @@ def part_ids(parts: Parts, ids: list[str] | None) -> list[list[str | int]]:
     return [[int(i) for i in part] if ids is None else [ids[i] for i in part] for part in parts]
 
 
+def left_out_ids(split: ImageSplit, kept: np.ndarray, root: str | None) -> list[str | int]:
+    """The ids of the images of `split` not in `kept` (those skipped as unreadable)."""
+    left = np.setdiff1d(np.arange(len(split)), kept)
+    ids = image_ids(split, root)
+    return [int(i) if ids is None else ids[i] for i in left]
+
+
 def read_split_file(path: str, train: ImageSplit, test: ImageSplit, root: str | None) -> tuple[Parts, Parts | None]:
     """(train parts, test parts or None for a test set every client shares) from a JSON or CSV split file,
     checked against the loaded splits; raises PartitionError with one line naming the wrong entry."""
     entries = read_entries(path)
-    train_parts = _resolve(path, "train", entries["train"], train, root)
+    skipped, where = entries["skipped"], entries["where"]
+    train_parts = _resolve(path, "train", entries["train"], train, root, skipped["train"], where["train"])
     for k, part in enumerate(train_parts):
         if len(part) == 0:
             raise PartitionError(f"federation.partition_file={path}: client {k} has no train image; every client "
@@ -65,7 +76,7 @@ def read_split_file(path: str, train: ImageSplit, test: ImageSplit, root: str | 
         raise PartitionError(f"federation.partition_file={path}: test ids name {len(entries['test'])} clients but the "
                              f"train ids only {len(train_parts)}; give every client with test images train images too")
     padded = entries["test"] + [[] for _ in range(len(train_parts) - len(entries["test"]))]
-    return train_parts, _resolve(path, "test", padded, test, root)
+    return train_parts, _resolve(path, "test", padded, test, root, skipped["test"], where["test"])
 
 
 def count_clients(path: str) -> int:
@@ -73,8 +84,9 @@ def count_clients(path: str) -> int:
     return len(read_entries(path)["train"])
 
 
-def read_entries(path: str) -> dict[str, list[list] | None]:
-    """{"train": [[id, ...] per client], "test": [[id, ...] per client] or None}, as the file gives them."""
+def read_entries(path: str) -> dict:
+    """{"train": [[id, ...] per client], "test": [[id, ...] per client] or None, "skipped": {split: [id, ...]},
+    "where": {split: [[label, ...] per client] or None (labels like train_ids[k][j])}}, as the file gives them."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise PartitionError(f"federation.partition_file={path} does not exist; give a JSON or CSV split file "
@@ -101,18 +113,29 @@ def read_entries(path: str) -> dict[str, list[list] | None]:
         entries[split] = lists
     if not entries["train"]:
         raise PartitionError(f"federation.partition_file={path}: 'train_ids' names no client")
+    skipped = content.get("skipped_ids") or {}
+    if not isinstance(skipped, dict) or not all(isinstance(skipped.get(split, []), list) for split in SPLITS):
+        raise PartitionError(f"federation.partition_file={path}: 'skipped_ids' must map train and test to lists of "
+                             "image ids (the images left out on purpose)")
+    entries["skipped"] = {split: skipped.get(split, []) for split in SPLITS}
+    entries["where"] = {split: None for split in SPLITS}
     return entries
 
 
-def _read_csv(path: str, file: Path) -> dict[str, list[list] | None]:
-    with open(file, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
+def _read_csv(path: str, file: Path) -> dict:
+    try:
+        with open(file, newline="", encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Excel's) is not a column
+            rows = list(csv.reader(f))
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise PartitionError(f"federation.partition_file={path} is not a UTF-8 CSV file ({err}); save it as UTF-8 "
+                             "with the columns client, image (and split)") from err
     header = [name.strip().lower() for name in rows[0]] if rows else []
     if "client" not in header or "image" not in header:
         raise PartitionError(f"federation.partition_file={path}: the first line must name the columns client and image "
                              f"(and optionally split), found {rows[0] if rows else 'an empty file'}")
     col = {name: header.index(name) for name in ("client", "image", "split") if name in header}
     by_split: dict[str, dict[int, list]] = {"train": {}, "test": {}}
+    lines: dict[str, dict[int, list]] = {"train": {}, "test": {}}
     for number, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
             continue
@@ -125,6 +148,7 @@ def _read_csv(path: str, file: Path) -> dict[str, list[list] | None]:
         if not client.isdigit():
             raise PartitionError(f"{path}:{number}: client {client!r} is not a client id (0, 1, ...)")
         by_split[split].setdefault(int(client), []).append(image)
+        lines[split].setdefault(int(client), []).append(f"line {number}")
     if not by_split["train"]:
         raise PartitionError(f"federation.partition_file={path} lists no train image")
     num_clients = max(max(by_split["train"]), max(by_split["test"], default=-1)) + 1
@@ -133,26 +157,43 @@ def _read_csv(path: str, file: Path) -> dict[str, list[list] | None]:
         raise PartitionError(f"federation.partition_file={path}: client {missing[0]} has no train image (client ids "
                              f"run 0 .. {num_clients - 1}); every client needs at least one")
     lists = {split: [by_split[split].get(k, []) for k in range(num_clients)] for split in SPLITS}
-    return {"train": lists["train"], "test": lists["test"] if by_split["test"] else None}
+    where = {split: [lines[split].get(k, []) for k in range(num_clients)] for split in SPLITS}
+    return {"train": lists["train"], "test": lists["test"] if by_split["test"] else None,
+            "skipped": {split: [] for split in SPLITS}, "where": where}
 
 
-def _resolve(path: str, split: str, lists: list[list], data: ImageSplit, root: str | None) -> Parts:
-    """Index arrays into `data` of each client's ids, checking that each of its images is named once."""
+def _resolve(
+    path: str, split: str, lists: list[list], data: ImageSplit, root: str | None, skipped: list, labels: list[list] | None
+) -> Parts:
+    """Index arrays into `data` of each client's ids, checking that each of its images is named once (by a
+    client, or among the `skipped` ones); `labels`: each entry's name in errors (default: train_ids[k][j])."""
+    if len(data) == 0 and (any(lists) or skipped):
+        raise PartitionError(f"federation.partition_file={path}: the dataset has no {split} images; drop the file's "
+                             f"{split} ids")
     ids = image_ids(data, root)
     position = None if ids is None else {image: i for i, image in enumerate(ids)}
     owner: dict[int, str] = {}
+    kinds: dict[bool, str] = {}  # is an index -> the first entry of that kind
     parts = []
-    for k, entries in enumerate(lists):
-        part = []
-        for j, entry in enumerate(entries):
-            where = f"{split}_ids[{k}][{j}]"
-            index = _index(path, where, entry, position, len(data), split, ids)
-            if index in owner:
-                raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} names a {split} image "
-                                     f"already listed at {owner[index]}; list every image once")
-            owner[index] = where
-            part.append(index)
-        parts.append(np.asarray(part, dtype=np.int64))
+    named = [(f"skipped_ids.{split}[{j}]", entry, None) for j, entry in enumerate(skipped)]
+    named += [(labels[k][j] if labels else f"{split}_ids[{k}][{j}]", entry, k)
+              for k, entries in enumerate(lists) for j, entry in enumerate(entries)]
+    members: list[list[int]] = [[] for _ in lists]
+    for where, entry, k in named:
+        index = _index(path, where, entry, position, len(data), split, ids)
+        is_index = _is_index(entry, position)
+        kinds.setdefault(is_index, where)
+        if len(kinds) > 1:
+            first = kinds[not is_index]
+            raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} is {'an index' if is_index else 'a path'}"
+                                 f" but {first} is {'a path' if is_index else 'an index'}; give every id of a file in one kind")
+        if index in owner:
+            raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} names a {split} image "
+                                 f"already listed at {owner[index]}; list every image once")
+        owner[index] = where
+        if k is not None:
+            members[k].append(index)
+    parts = [np.asarray(part, dtype=np.int64) for part in members]
     if len(owner) != len(data):
         left = next(i for i in range(len(data)) if i not in owner)
         raise PartitionError(f"federation.partition_file={path}: {len(data) - len(owner)} of the {len(data)} {split} "
@@ -161,8 +202,14 @@ def _resolve(path: str, split: str, lists: list[list], data: ImageSplit, root: s
     return parts
 
 
+def _is_index(entry, position: dict[str, int] | None) -> bool:
+    """An integer, or (for images that are not files) a string of digits; else a path."""
+    return (isinstance(entry, int) and not isinstance(entry, bool)) or (
+        isinstance(entry, str) and position is None and entry.isdigit())
+
+
 def _index(path: str, where: str, entry, position: dict[str, int] | None, n: int, split: str, ids: list[str] | None) -> int:
-    if (isinstance(entry, int) and not isinstance(entry, bool)) or (isinstance(entry, str) and position is None and entry.isdigit()):
+    if _is_index(entry, position):
         index = int(entry)
         if not 0 <= index < n:
             raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} is not an index of the {n} "

@@ -99,9 +99,10 @@ def collect(grid: Grid, specs: list[RunSpec]) -> dict[tuple[str, str], Cell]:
         cell.value[spec.seed] = float(value)
         if spec.row.paper_basis and isinstance(summary.get(spec.row.paper_basis), (int, float)):
             cell.basis[spec.seed] = float(summary[spec.row.paper_basis])
-        clients = summary.get("final_client_accuracy") or summary.get("zero_shot_client_accuracy")
-        if clients:
-            cell.worst[spec.seed] = float(min(clients))
+        clients = summary.get("final_client_accuracy") or summary.get("zero_shot_client_accuracy") or []
+        measured = [c for c in clients if c is not None]  # a client without test images has no accuracy
+        if measured:
+            cell.worst[spec.seed] = float(min(measured))
         for name, target in (("final_mean_accuracy", cell.client_mean), ("zero_shot_global", cell.zero_shot_global),
                              ("zero_shot_client_mean", cell.zero_shot_client_mean),
                              ("best_mean_accuracy", cell.best_mean)):

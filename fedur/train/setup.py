@@ -13,7 +13,7 @@ from fedur.config import Config
 from fedur.data.cache import CacheOptions, prepare_splits, stderr_progress
 from fedur.data.datasets import DataOptions, ImageDataset, prepare_dataset
 from fedur.data.partition import PartitionError, PartitionSpec, Parts, class_histogram, split_clients
-from fedur.data.split_file import image_ids, keep_rows, part_ids, read_split_file
+from fedur.data.split_file import image_ids, keep_rows, left_out_ids, part_ids, read_split_file
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
@@ -44,11 +44,12 @@ def setup(
     if labeller is not None:
         labeller.bind(cfg.dataset.key)
     with fabric.rank_zero_first():  # rank 0 downloads and decodes, the others then read its copy
-        torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
-        clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
         dataset = load_data(cfg)
         given = read_split_file(fed.partition_file, dataset.train, dataset.test, cfg.dataset.root) \
-            if fed.partition == "file" else None  # checked before any image is decoded
+            if fed.partition == "file" else None  # checked before the model is loaded and any image decoded
+        torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
+        clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
+        raw = dataset.train, dataset.test  # before unreadable images are left out
         loading = prepare_splits(
             dataset.train, dataset.test, clip.preprocess, clip.image_size, cfg.dataset.cache_key,
             CacheOptions(d.cache, d.cache_dir, d.corrupt_images),
@@ -68,7 +69,11 @@ def setup(
             raise PartitionError(f"client(s) {', '.join(map(str, emptied))} have no train image left once the "
                                  f"unreadable ones were skipped (data.corrupt_images: skip); fix or remove those "
                                  f"images, or drop the client from the split")
-    truth = Truth(dataset.train.labels, partition_record(dataset, train_parts, test_parts, shared_test, cfg.dataset.root))
+    record = partition_record(dataset, train_parts, test_parts, shared_test, cfg.dataset.root)
+    if loading.skipped:  # so that this run's partition.json replays: the images it left out, by their ids
+        record["skipped_ids"] = {split: left_out_ids(data, kept, cfg.dataset.root)
+                                 for split, data, kept in zip(("train", "test"), raw, (loading.train_kept, loading.test_kept))}
+    truth = Truth(dataset.train.labels, record)
     dataset.train = dataset.train.without_labels()  # from here on, training cannot read a true train label
     model = PromptedCLIP(
         clip, dataset.classnames, cfg.model.n_ctx, method.visual_tokens(cfg.model.visual_tokens), cfg.model.visual_depth,

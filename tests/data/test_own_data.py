@@ -173,15 +173,71 @@ def test_check_data_lists_the_clients(tmp_path, capsys):
     assert out[-2:] == ["     0  site_00          5    shared", "     1  site_01          5    shared"]
 
 
-def test_a_client_whose_images_are_all_unreadable_stops_the_run_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("client", [1, 2])  # the last one too: the client count comes from the folders
+def test_a_client_whose_images_are_all_unreadable_stops_the_run_in_one_line(tmp_path, capsys, client):
     names = write_client_folders(tmp_path, clients=3, classes=3, train_per_client=5, test="none")
-    for image in (tmp_path / "clients" / "site_01" / "train").iterdir():
-        image.write_bytes(b"not an image")  # skipped as unreadable: site_01 is left with nothing
+    for image in (tmp_path / "clients" / f"site_0{client}" / "train").iterdir():
+        image.write_bytes(b"not an image")  # skipped as unreadable: the client is left with nothing
     with pytest.raises(SystemExit) as stop:
         main(["--config", "configs/tiny.yaml", "--dataset", "ClientFolders", "--dataset.root", str(tmp_path),
               "--data.classnames_file", str(names), "--federation.partition", "clients",
               "--data.corrupt_images", "skip", "--data.cache", "false", "--run.output_dir", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and not (tmp_path / "run").exists()
-    assert err[-1] == ("fedur: error: client(s) 1 have no train image left once the unreadable ones were skipped "
+    assert err[-1] == (f"fedur: error: client(s) {client} have no train image left once the unreadable ones were skipped "
                        "(data.corrupt_images: skip); fix or remove those images, or drop the client from the split")
+
+
+def test_more_bad_split_files_each_one_line(tmp_path):
+    train, test = splits(root=tmp_path)
+    mixed = write(tmp_path / "mixed.json", {"train_ids": [[0, "img_1.png", "img_2.png"], ["img_3.png", "img_4.png", "img_5.png"]]})
+    with pytest.raises(PartitionError) as err:
+        read_split_file(mixed, train, test, str(tmp_path))
+    assert "train_ids[0][1] = 'img_1.png' is a path but train_ids[0][0] is an index; give every id of a file in one " \
+           "kind" in one_line(err)
+    csv = write(tmp_path / "s.csv", "client,image\n0,img_0.png\n0,img_1.png\n1,img_2.png\n1,img_3.png\n1,img_3.png\n"
+                                    "1,img_4.png\n1,img_5.png\n")
+    with pytest.raises(PartitionError) as err:
+        read_split_file(csv, train, test, str(tmp_path))
+    assert "line 6 = 'img_3.png' names a train image already listed at line 5" in one_line(err)  # the CSV's lines
+    no_test = ImageSplit(np.zeros(0, dtype=np.int64), arrays=np.zeros((0, 2, 2, 3)))
+    given = write(tmp_path / "t.json", {"train_ids": [[0, 1, 2], [3, 4, 5]], "test_ids": [[0], []]})
+    with pytest.raises(PartitionError) as err:
+        read_split_file(given, splits()[0], no_test, None)
+    assert "the dataset has no test images; drop the file's test ids" in one_line(err)
+    (tmp_path / "latin1.csv").write_bytes("client,image\n0,caf\xe9.png\n".encode("latin-1"))
+    with pytest.raises(PartitionError) as err:
+        read_split_file(str(tmp_path / "latin1.csv"), train, test, str(tmp_path))
+    assert "is not a UTF-8 CSV file" in one_line(err)
+
+
+def test_a_csv_with_a_byte_order_mark_and_skipped_ids_read_back(tmp_path):
+    train, test = splits(root=tmp_path)
+    (tmp_path / "bom.csv").write_bytes("client,image\n0,img_0.png\n0,img_1.png\n1,img_2.png\n1,img_3.png\n"
+                                       "1,img_4.png\n1,img_5.png\n".encode("utf-8-sig"))  # as Excel saves it
+    parts, shared = read_split_file(str(tmp_path / "bom.csv"), train, test, str(tmp_path))
+    assert [p.tolist() for p in parts] == [[0, 1], [2, 3, 4, 5]] and shared is None
+    # a run that skipped unreadable images lists them apart, so that its partition.json replays
+    skipped = write(tmp_path / "p.json", {"train_ids": [["img_0.png"], ["img_2.png", "img_5.png"]],
+                                          "skipped_ids": {"train": ["img_1.png", "img_3.png", "img_4.png"], "test": []}})
+    parts, _ = read_split_file(skipped, train, test, str(tmp_path))
+    assert [p.tolist() for p in parts] == [[0], [2, 5]]
+    twice = write(tmp_path / "q.json", {"train_ids": [["img_0.png", "img_1.png"], ["img_2.png", "img_5.png"]],
+                                        "skipped_ids": {"train": ["img_1.png", "img_3.png", "img_4.png"]}})
+    with pytest.raises(PartitionError) as err:
+        read_split_file(twice, train, test, str(tmp_path))
+    assert "train_ids[0][1] = 'img_1.png' names a train image already listed at skipped_ids.train[0]" in one_line(err)
+
+
+def test_class_names_given_twice_and_test_folders_mixing_classes_and_images_are_refused(tmp_path):
+    names = write_client_folders(tmp_path, clients=2, classes=3, train_per_client=6, test_per_client=6, test="own")
+    twice = tmp_path / "twice.txt"
+    twice.write_text("circle\nsquare\ncircle\n")
+    with pytest.raises(DataUnavailableError) as err:
+        load(tmp_path, twice)
+    assert "data.classnames_file names class 'circle' twice (lines 1 and 3" in one_line(err)
+    loose = tmp_path / "clients" / "site_00" / "test"
+    write_images(loose, np.zeros((1, 8, 8, 3), dtype=np.uint8))  # an image beside the class folders
+    with pytest.raises(DataUnavailableError) as err:
+        load(tmp_path, names)
+    assert f"{loose} holds class folders and images beside them" in one_line(err)
