@@ -424,3 +424,13 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
     markdown = (out / "table7-own" / "table.md").read_text()
     assert "Protocol: each baseline with settings of its own over the column's (configs/presets/: its published" in markdown
     assert "The presets: configs/presets/fedotp.yaml" in markdown
+
+
+def test_the_worst_client_ignores_clients_without_test_images(tmp_path):
+    from fedur.tables.render import collect
+
+    grid = GRIDS["tiny"]
+    spec = expand(grid, [1], tmp_path)[0]
+    write_summary(spec.run_dir, final_mean_accuracy=60.0, final_client_accuracy=[70.0, None, 50.0])  # client 1: no test
+    cell = collect(grid, [spec])[(spec.row.key, spec.column.key)]
+    assert cell.worst == {1: 50.0}
