@@ -100,7 +100,8 @@ class HardLabeller(Labeller):
         Args:
             class_weights: Class weights of the cross-entropy from the global selected distribution d_c:
                 inverse frequency normalised to mean 1 ('inv'), its square root ('inv_sqrt'), or off ('none';
-                Table 6 'Weighted').
+                Table 6 'Weighted'). Where some classes are nearly absent from every client, 'inv' gives their
+                few (often wrong) pseudo-labels a large weight: try inv_sqrt or none (docs/own-data.md).
             weight_source: d_c from the selected counts each client actually got ('realized') or from the
                 allocation ('requested').
             negatives: Negative pseudo-labels (Table 6 'Negative'): the lowest classes holding at most
