@@ -71,7 +71,6 @@ LEGACY_KEYS = {
     "method.name": "--method CLASS (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU)",
     "method.labeller": "--labeller CLASS (FPL, CPL, CoPL, CoDPL)",
     "labels.": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
-    "labels": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
     "data.name": "--dataset CLASS (CIFAR10, CUB, ImageFolder, Synthetic, ...)",
     "data.root": "--dataset.root",
     "method.prox_mu": "--method PromptProx --method.mu",
@@ -175,7 +174,7 @@ def explain(message: str, argv: list[str]) -> str:
     line or in a YAML file)."""
     key = refused_key(message)
     for old, new in LEGACY_KEYS.items():
-        if key is not None and (key == old or (old.endswith((".", "_")) and key.startswith(old))):
+        if key is not None and (key == old.rstrip("._") or (old.endswith((".", "_")) and key.startswith(old))):
             return f"{message} (`{key}` is gone: use {new}; see docs/extending.md)"
     unknown = re.search(r'Parser key "(method|labeller|dataset)":.*?Expected a dot import path string: (\S+)', message, re.DOTALL)
     if unknown:

@@ -174,7 +174,6 @@ def _resolve(
     position = None if ids is None else {image: i for i, image in enumerate(ids)}
     owner: dict[int, str] = {}
     kinds: dict[bool, str] = {}  # is an index -> the first entry of that kind
-    parts = []
     named = [(f"skipped_ids.{split}[{j}]", entry, None) for j, entry in enumerate(skipped)]
     named += [(labels[k][j] if labels else f"{split}_ids[{k}][{j}]", entry, k)
               for k, entries in enumerate(lists) for j, entry in enumerate(entries)]
