@@ -1,6 +1,6 @@
 """Images per second delivered to the model, with and without the decode-once cache, side by side.
 
-A client's training DataLoader (ClientImages + make_loader, shuffled, batches of normalised
+A client's training epoch through fedur's ImageLoader (shuffled, batches of normalised
 (B, 3, S, S) float tensors, workers started per epoch as in training) is drained once per
 measurement on a stratified subset of an image folder (CIFAR-10 JPEGs by default), for
 num_workers 0 and 2:
@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from fedur.data.cache import CacheOptions, prepare_splits  # noqa: E402
 from fedur.data.datasets import ImageSplit, load_imagefolder, stratified_subset  # noqa: E402
-from fedur.data.loaders import ClientImages, make_loader, unchanged  # noqa: E402
+from fedur.data.loaders import ImageLoader, epoch_order, in_batches, unchanged  # noqa: E402
 
 DECODE = "decode every epoch"
 CACHE = "cache, batch normalised on the CPU"
@@ -50,12 +50,15 @@ CACHE_UINT8 = "cache, uint8 batches (GPU run: normalised there)"
 
 
 def epoch_seconds(split: ImageSplit, transform, normalize, workers: int, batch_size: int, seed: int) -> float:
-    data = ClientImages(split, np.arange(len(split)), transform)
-    loader = make_loader(data, batch_size, workers, generator=torch.Generator().manual_seed(seed))
+    """One shuffled epoch over the split through fedur's ImageLoader (its workers started for this epoch, as a
+    run's first epoch starts them; later epochs of a run reuse them)."""
+    loader = ImageLoader({"train": split}, transform, workers)
+    order = epoch_order(len(split), torch.Generator().manual_seed(seed)).numpy()
     start = time.perf_counter()
     seen = 0
-    for (images,) in loader:
+    for images in loader.batches("train", in_batches(order, batch_size)):
         seen += len(normalize(images))
+    loader.close()
     assert seen == len(split)
     return time.perf_counter() - start
 

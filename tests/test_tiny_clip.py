@@ -7,7 +7,7 @@ import torch
 
 from fedur.config import FabricConfig
 from fedur.data.datasets import load_imagefolder
-from fedur.data.loaders import ClientImages, make_loader
+from fedur.data.loaders import ImageLoader, in_batches
 from fedur.launch_env import LaunchEnv, make_fabric
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
@@ -45,7 +45,8 @@ def test_zero_shot_matches_the_model_card(tiny, cifar_test_subset):
     ds = cifar_test_subset
     model = PromptedCLIP(tiny, ds.classnames, 0, 0, None, 0.02, seed=1)
     labels = torch.from_numpy(ds.test.labels)
-    loader = make_loader(ClientImages(ds.test, torch.arange(len(labels)).numpy(), tiny.preprocess, (labels,)), 250, 0)
+    plan = in_batches(torch.arange(len(labels)).numpy(), 250)
+    loader = list(zip(ImageLoader({"test": ds.test}, tiny.preprocess).batches("test", plan), (labels[p] for p in plan)))
     text = zero_shot_weights(tiny, ds.classnames, "a photo of a {}.", fabric.device)
     correct, total = correct_and_total(confusion_matrix(*predict(fabric, model.zero_shot_classifier(text), loader, 10))).tolist()
     assert total == 10 * PER_CLASS

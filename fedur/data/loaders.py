@@ -1,4 +1,5 @@
-"""Per-client DataLoaders over a client's own indices; shuffling comes from the client's own generator.
+"""Every pass over a rank's images through one loader (`ImageLoader`), in batches its caller plans; a client's
+local epoch is shuffled from the client's own stream (`epoch_order`).
 
 Also the reading side of the decode-once cache (fedur/data/cache.py): its rows mapped lazily in each
 worker (`MappedImages`), passed on as uint8 (`Pixels`) and normalised per batch on the device
@@ -7,7 +8,7 @@ worker (`MappedImages`), passed on as uint8 (`Pixels`) and normalised per batch 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -49,7 +50,7 @@ class Pixels:
 
     The per-sample transform of the decode-once cache: no float conversion here, so workers and
     pinned copies move a quarter of the bytes; `BatchNormalize` finishes the preprocess on the batch,
-    on the device. `ClientImages` hands it the rows of an array split without a round trip through PIL.
+    on the device. `SplitImages` hands it the rows of an array split without a round trip through PIL.
     """
 
     def __call__(self, image: np.ndarray | Image.Image) -> Tensor:
@@ -88,41 +89,99 @@ def unchanged(images: Tensor) -> Tensor:
     return images
 
 
-class ClientImages(Dataset):
-    """Images `split[indices[i]]` through `transform`, each returned with the i-th row of every extra tensor."""
+class SplitImages(Dataset):
+    """Item (split, row): image `row` of the dataset's `split` ("train" or "test") through `transform`. What the
+    worker processes of an `ImageLoader` hold: every image of the rank, addressed by the main process."""
 
-    def __init__(self, split: ImageSplit, indices: np.ndarray, transform: Callable, extras: tuple[Tensor, ...] = ()):
-        for extra in extras:
-            if len(extra) != len(indices):
-                raise ValueError(f"extra tensor has {len(extra)} rows for {len(indices)} images")
-        self.split, self.indices, self.transform, self.extras = split, indices, transform, extras
+    def __init__(self, splits: dict[str, ImageSplit], transform: Callable):
+        self.splits, self.transform = splits, transform
         # decoded rows go straight to Pixels; everything else goes through a PIL image
-        self.raw_rows = isinstance(transform, Pixels) and split.arrays is not None
+        self.raw_rows = {name: isinstance(transform, Pixels) and split.arrays is not None for name, split in splits.items()}
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return sum(len(split) for split in self.splits.values())
 
-    def __getitem__(self, i: int) -> tuple[Tensor, ...]:
-        index = int(self.indices[i])
-        image = self.transform(self.split.arrays[index] if self.raw_rows else self.split.load(index))
-        return (image, *(extra[i] for extra in self.extras))
+    def __getitem__(self, key: tuple[str, int]) -> Tensor:
+        name, row = key
+        split = self.splits[name]
+        return self.transform(split.arrays[row] if self.raw_rows[name] else split.load(row))
 
 
-def make_loader(
-    dataset: Dataset,
-    batch_size: int,
-    num_workers: int,
-    generator: torch.Generator | None = None,
-    pin_memory: bool = False,
-) -> DataLoader:
-    """Shuffled with `generator` when one is given (training), in order otherwise (prediction)."""
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=generator is not None,
-        generator=generator,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        drop_last=False,
-        persistent_workers=generator is not None and num_workers > 0,  # training: one set of workers for all epochs
-    )
+class _Plan:
+    """The batch sampler of an `ImageLoader`'s DataLoader: the (split, row) keys of the batches of the pass
+    under way, set by the main process before each pass (the workers receive keys, not the plan)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[str, int]]] = []
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class ImageLoader:
+    """Every pass over a rank's images (a client's local epoch, a unit's pseudo-labelling, evaluation) in
+    batches the caller plans: `batches(split, plan)` yields the (B, 3, H, W) images of each planned batch of
+    rows, in order.
+
+    With `num_workers` > 0 the images are read by one set of worker processes, started at the first pass and
+    kept for the run (not one set per client and pass: each start costs time, and in containers the shared
+    memory of many short-lived workers runs out). What is read never depends on the number of workers: the
+    order is the caller's, and nothing random happens in a worker. With 0, images are read in this process.
+    """
+
+    def __init__(self, splits: dict[str, ImageSplit], transform: Callable, num_workers: int = 0, pin_memory: bool = False):
+        self.images = SplitImages(splits, transform)
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self._plan = _Plan()
+        self._loader: DataLoader | None = None
+        self._iterator = None
+
+    def batches(self, split: str, plan: Sequence[np.ndarray]) -> Iterator[Tensor]:
+        """The images of `split` at each array of rows in `plan`, one (len(rows), 3, H, W) tensor per array.
+        Consume it to the end before starting another pass."""
+        keys = [[(split, int(row)) for row in rows] for rows in plan]
+        if self.num_workers == 0:
+            for batch in keys:
+                images = torch.stack([self.images[key] for key in batch])  # what the DataLoader's collate does
+                yield images.pin_memory() if self.pin_memory else images
+            return
+        if not keys:
+            return
+        if self._loader is None:
+            self._loader = DataLoader(
+                self.images, batch_sampler=self._plan, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                persistent_workers=True, generator=torch.Generator().manual_seed(0),  # the workers' seeds only
+            )
+        self._plan.batches = keys
+        self._iterator = iter(self._loader)  # the same workers, a new pass
+        yield from self._iterator
+
+    def close(self) -> None:
+        """Stop the worker processes (a later pass starts new ones)."""
+        if self._iterator is not None and hasattr(self._iterator, "_shutdown_workers"):
+            self._iterator._shutdown_workers()
+        self._loader = self._iterator = None
+
+
+def in_batches(positions: np.ndarray | Tensor, batch_size: int) -> list[np.ndarray]:
+    """`positions` cut into consecutive batches of `batch_size` (the last one shorter)."""
+    positions = np.asarray(positions)
+    return [positions[i : i + batch_size] for i in range(0, len(positions), batch_size)]
+
+
+def epoch_order(n: int, generator: torch.Generator) -> Tensor:
+    """(n,) int64: a local epoch's order of a client's n samples, drawn from its round's `generator`.
+
+    The draws are those of the DataLoader fedur had (one epoch per iteration of a DataLoader shuffled by
+    `generator` in the main process): the seed it drew for its workers, the permutation, and the empty tail's
+    permutation at the end of the epoch. So runs give the bits they gave before, now whatever data.num_workers
+    is (a DataLoader with persistent workers skips the first draw from its second epoch on, which made the
+    order depend on the number of workers).
+    """
+    torch.empty((), dtype=torch.int64).random_(generator=generator)  # the DataLoader's base seed
+    order = torch.randperm(n, generator=generator)
+    torch.randperm(n, generator=generator)  # RandomSampler's tail (its num_samples % n first, none)
+    return order

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -29,6 +29,13 @@ class ClientState:
     pseudo_labels: PseudoLabels | None = None
     extra: dict[str, Tensor] = field(default_factory=dict)  # the method's per-client state (pFedPrompt's cache)
 
+    def on(self, device: torch.device) -> ClientState:
+        """A copy with its prompts and the method's `extra` tensors on `device`: what a pass over the client's
+        images hands the method's hooks (moved once per pass, not per batch). The client itself stays on the
+        CPU between rounds."""
+        return replace(self, prompts={name: t.to(device) for name, t in self.prompts.items()},
+                       extra={name: t.to(device) for name, t in self.extra.items()})
+
     # A client's random streams are a pure function of (run.seed, client_id, round) (federated/streams.py):
     # the round counter in the checkpoint is all they need.
     def state_dict(self) -> dict:
@@ -38,7 +45,7 @@ class ClientState:
             "train_indices": torch.from_numpy(self.train_indices),
             "test_indices": torch.from_numpy(self.test_indices),
             "prompts": {name: t.cpu() for name, t in self.prompts.items()},
-            "optimizer_state": self.optimizer_state,
+            "optimizer_state": to_cpu(self.optimizer_state),
             "pseudo_labels": None if labels is None else vars(labels),
             "extra": {name: t.cpu() for name, t in self.extra.items()},
         }
@@ -69,6 +76,18 @@ def check_tensors(state: dict, what: str) -> None:
     wrong = {k: type(v).__name__ for k, v in state.items() if not isinstance(v, Tensor)}
     if wrong:
         raise TypeError(f"{what} must hold tensors only (it is checkpointed); not {wrong}")
+
+
+def to_cpu(state):
+    """`state` (nested dicts, lists and tuples of tensors and plain values, e.g. an optimizer's per-parameter
+    state) with every tensor on the CPU: what a checkpoint holds, so that a plain torch.load reads it anywhere."""
+    if isinstance(state, Tensor):
+        return state.detach().cpu().clone()
+    if isinstance(state, dict):
+        return {key: to_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(to_cpu(value) for value in state)
+    return state
 
 
 def momentum_only(optimizer_state: dict | None) -> dict | None:

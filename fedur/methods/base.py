@@ -29,6 +29,7 @@ The loop, collectives, checkpoints, resume, metrics and placement are the same f
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
@@ -67,6 +68,9 @@ class Method:
         super().__init_subclass__(**kwargs)
         if "key" not in cls.__dict__ and not cls.__name__.startswith("LazyInstance_"):  # jsonargparse's default wrapper
             cls.key = cls.__name__.lower()
+        if "rows" not in inspect.signature(cls.logits).parameters:
+            raise TypeError(f"{cls.__qualname__}.logits(model, images, prompts, text, client, rows=None) must take `rows`: "
+                            "each image's position in the client's train images, or None (fedur/methods/base.py)")
         # A fused grouped forward is written for the `logits` / `text_side` of the class that declares it: a class
         # whose own (or a mixin's) differ falls back to the per-client default, which is always right.
         for hook, reads in (("group_logits", ("logits", "text_side")), ("group_text_side", ("text_side",))):
@@ -128,15 +132,19 @@ class Method:
         return [self.text_side(model, p) for p in prompts]
 
     def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
-               client: ClientState) -> Tensor:
-        """(B, C) logits of the client's model with `prompts` (the ones being trained, or the client's own)."""
+               client: ClientState, rows: Tensor | None = None) -> Tensor:
+        """(B, C) logits of the client's model with `prompts` (the ones being trained, or the client's own).
+        `client`: the client with its prompts and `extra` on the images' device; `rows`: (B,) int64, each image's
+        position in the client's train images (on the device), or None for test images."""
         return model.logits(model.image_features(images, visual=prompts.get("visual")), text)
 
     def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
-                     texts: list[Any], clients: list[ClientState]) -> list[Tensor]:
+                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
         """Each client's (B_k, C) logits of its batch `images[k]` with `prompts[k]` (several clients in one
-        step, run.clients_per_step). Default: `logits` once per client."""
-        return [self.logits(model, x, p, t, c) for x, p, t, c in zip(images, prompts, texts, clients)]
+        step, run.clients_per_step); `rows[k]` as `logits`'s (None: no rows for any). Default: `logits` once
+        per client."""
+        rows = [None] * len(images) if rows is None else rows
+        return [self.logits(model, x, p, t, c, r) for x, p, t, c, r in zip(images, prompts, texts, clients, rows)]
 
     def penalty(self, prompts: dict[str, Tensor], start: dict[str, Tensor]) -> Tensor | None:
         """An extra local loss term of the `prompts` being trained; `start`: those the client began the round with."""

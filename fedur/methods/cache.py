@@ -41,16 +41,18 @@ def shots_per_class(labels: Tensor, confidence: Tensor, shots: int) -> Tensor:
 
 
 def cache_logits(features: Tensor, keys: Tensor, values: Tensor, alpha: float = 1.0, beta: float = 5.5,
-                 self_vote: bool = True) -> Tensor:
+                 self_vote: bool = True, own: Tensor | None = None) -> Tensor:
     """(B, C) = alpha * exp(-beta * (1 - f K^T)) V for unit-norm features (B, d), keys (n, d), values (n, C).
 
     Each cached sample votes for its class with weight exp(-beta (1 - cos)): 1 for an identical feature,
     exp(-2 beta) for an opposite one. Added to the CLIP logits (scale x cos(f, t_c)) by the caller. Without
-    `self_vote`, a key whose affinity to the query is within SELF_TOLERANCE of 1 (the query's own feature: a
-    cached training image, or its exact duplicate) casts no vote.
+    `self_vote`, the query's own key casts no vote: where `own` (B, n) bool says so (the query is that key's
+    sample: exact under any precision, the keys and queries then need not be the same bits); without `own`, a
+    key whose affinity to the query is within SELF_TOLERANCE of 1 (its own feature in float32, or an exact
+    duplicate; checkpoints from before the cache kept its samples' positions).
     """
     affinity = features @ keys.T  # (B, n)
     votes = torch.exp(-beta * (1 - affinity))  # (B, n)
     if not self_vote:
-        votes = votes.masked_fill(affinity > 1 - SELF_TOLERANCE, 0.0)
+        votes = votes.masked_fill(affinity > 1 - SELF_TOLERANCE if own is None else own, 0.0)
     return alpha * votes @ values

@@ -17,6 +17,7 @@ from fedur.labels import FPL, Labeller
 from fedur.methods.base import Method
 from fedur.methods.fedotp_math import ot_logits
 from fedur.model.classifier import PromptedCLIP
+from fedur.model.precision import full_precision
 from fedur.ranges import Fraction
 
 
@@ -48,9 +49,9 @@ class FedOTP(Method):
         return torch.stack([model.text_features(prompts["text_ctx"]), model.text_features(prompts["text_local"])])  # (2, C, D)
 
     def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
-               client: ClientState) -> Tensor:
+               client: ClientState, rows: Tensor | None = None) -> Tensor:
         patches = model.image_tokens(images, visual=prompts.get("visual"))[:, 1:]  # (B, M, D): every token but the class token
-        with torch.autocast(patches.device.type, enabled=False):
+        with full_precision(patches.device):
             return ot_logits(
                 patches.float(), text.float(), model.logit_scale.float(),
                 eps=self.eps, top_percent=self.top_percent, max_iter=self.max_iter, thresh=self.thresh,

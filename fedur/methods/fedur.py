@@ -16,15 +16,16 @@ from fedur.model.classifier import PromptedCLIP
 
 
 def fused_group_logits(method: Method, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
-                       texts: list[Tensor], clients: list[ClientState]) -> list[Tensor]:
+                       texts: list[Tensor], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
     """The default logits of several clients in one forward: image b with the visual prompt of its client
     (one per image), against its client's class features. Equal to one `logits` call per client up to
     rounding; the group's images go through the image tower together, which keeps a large GPU busy."""
     if len(images) == 1:  # a client alone: exactly its own logits
-        return [method.logits(model, images[0], prompts[0], texts[0], clients[0])]
+        return [method.logits(model, images[0], prompts[0], texts[0], clients[0], None if rows is None else rows[0])]
     sizes = [len(x) for x in images]
-    owners = torch.repeat_interleave(torch.arange(len(images), device=images[0].device),
-                                     torch.tensor(sizes, device=images[0].device))  # (B,) client of each image
+    device = images[0].device
+    owners = torch.repeat_interleave(torch.arange(len(images), device=device), torch.tensor(sizes, device=device),
+                                     output_size=sum(sizes))  # (B,) client of each image; output_size: no host sync
     visual = None
     if prompts[0].get("visual") is not None and prompts[0]["visual"].numel():
         visual = torch.stack([p["visual"] for p in prompts])[owners]  # (B, depth, n_tok, width)
@@ -62,8 +63,8 @@ class FedUR(Method):
         return fused_group_text_side(self, model, prompts)
 
     def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
-                     texts: list[Any], clients: list[ClientState]) -> list[Tensor]:
-        return fused_group_logits(self, model, images, prompts, texts, clients)
+                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
+        return fused_group_logits(self, model, images, prompts, texts, clients, rows)
 
 
 class FedCoPL(FedUR):

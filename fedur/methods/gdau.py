@@ -87,7 +87,7 @@ class GDAU(Method):
         return model.zero_shot_text
 
     def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
-               client: ClientState) -> Tensor:
+               client: ClientState, rows: Tensor | None = None) -> Tensor:
         features = model.image_features(images, prompted=False)  # (B, D) frozen CLIP
         clip = model.logits(features, text)  # (B, C) float32
         if "gda_W" not in client.extra:  # before the first round: zero-shot CLIP

@@ -7,7 +7,8 @@ CLIP features of the client's pseudo-labelled images, values their one-hot pseud
 
 As Tip-Adapter and pFedPrompt describe it, the cache is a bounded few-shot memory: the `cache_shots` most
 confident pseudo-labels of each class (16, Tip-Adapter's largest K and the paper's), a sample never votes for
-itself (training images are cached without augmentation, so each would match its own key at affinity 1),
+itself (training images are cached without augmentation, so each would match its own key at affinity 1;
+the cache knows each key's sample, so the query's own key is left out by its position, whatever the precision),
 and alpha, set by Tip-Adapter against CLIP's logit scale 100, is scaled to the model's. The form fedur had
 before (every selected sample cached, self-votes, alpha as given: `--method.cache_shots null
 --method.cache_self_vote true --method.cache_alpha_scale none`) turns the cache into a count-weighted
@@ -29,6 +30,7 @@ from fedur.labels import FPL, Labeller
 from fedur.methods.base import ClientData, Method
 from fedur.methods.cache import build_cache, cache_logits, shots_per_class
 from fedur.model.classifier import PromptedCLIP
+from fedur.model.precision import full_precision
 
 
 class PFedPrompt(Method):
@@ -65,19 +67,23 @@ class PFedPrompt(Method):
         return FPL()
 
     def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
-               client: ClientState) -> Tensor:
+               client: ClientState, rows: Tensor | None = None) -> Tensor:
         features = model.image_features(images)  # no visual prompt: the frozen CLIP's features
         logits = model.logits(features, text)
-        keys, labels = client.extra.get("cache_keys"), client.extra.get("cache_labels")
+        keys, labels = client.extra.get("cache_keys"), client.extra.get("cache_labels")  # on the device
         if keys is None or len(keys) == 0:  # before the first refresh (zero-shot) or an empty selection
             return logits
-        keys, labels = keys.to(features.device), labels.to(features.device)
         values = torch.nn.functional.one_hot(labels, logits.shape[-1]).float()
         alpha = self.cache_alpha
         if self.cache_alpha_scale == "logit_scale":
-            alpha = alpha * float(model.logit_scale) / 100.0
-        with torch.autocast(features.device.type, enabled=False):
-            votes = cache_logits(features.float(), keys.float(), values, alpha, self.cache_beta, self.cache_self_vote)
+            alpha = alpha * model.scale / 100.0
+        own = None  # (B, n) bool: the query is that key's sample (a test image is none of them)
+        if not self.cache_self_vote and "cache_rows" in client.extra:  # else a checkpoint from before it was kept
+            cached = client.extra["cache_rows"]
+            own = torch.zeros(len(features), len(cached), dtype=torch.bool, device=features.device) if rows is None \
+                else rows.unsqueeze(1) == cached.unsqueeze(0)
+        with full_precision(features.device):
+            votes = cache_logits(features.float(), keys.float(), values, alpha, self.cache_beta, self.cache_self_vote, own)
             return logits + votes
 
     @torch.no_grad()
@@ -87,6 +93,6 @@ class PFedPrompt(Method):
         if self.cache_shots is not None:
             confidence = labels.confidence if labels.confidence is not None else torch.zeros(len(labels.labels))
             positions = shots_per_class(labels.labels, confidence, self.cache_shots)
-        features = data.train_features(client, labels.indices[positions].numpy())
-        keys, _ = build_cache(features, labels.labels[positions], data.model.num_classes)
-        client.extra = {"cache_keys": keys, "cache_labels": labels.labels[positions].clone()}
+        rows = labels.indices[positions]  # the cached samples' positions in the client's train images
+        keys, _ = build_cache(data.train_features(client, rows.numpy()), labels.labels[positions], data.model.num_classes)
+        client.extra = {"cache_keys": keys, "cache_labels": labels.labels[positions].clone(), "cache_rows": rows.clone()}

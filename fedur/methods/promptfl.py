@@ -30,8 +30,8 @@ class PromptFL(Method):
         return fused_group_text_side(self, model, prompts)
 
     def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
-                     texts: list[Any], clients: list[ClientState]) -> list[Tensor]:
-        return fused_group_logits(self, model, images, prompts, texts, clients)
+                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
+        return fused_group_logits(self, model, images, prompts, texts, clients, rows)
 
 
 class PromptProx(PromptFL):

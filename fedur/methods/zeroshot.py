@@ -29,5 +29,5 @@ class ZeroShot(Method):
         return model.zero_shot_text
 
     def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
-               client: ClientState) -> Tensor:
+               client: ClientState, rows: Tensor | None = None) -> Tensor:
         return model.logits(model.image_features(images, prompted=False), text)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedur.model.clip import FrozenCLIP, encode_image_prompted, encode_text_embeddings, vision_width_and_depth
+from fedur.model.precision import full_precision
 from fedur.model.prompts import TextPrompt, init_prompt
 from fedur.model.text_tower import encode_text_shared_prefix
 
@@ -59,6 +60,7 @@ class PromptedCLIP(nn.Module):
         self.text_prompt.ctx.requires_grad_(n_ctx > 0)
         self.visual_prompt.requires_grad_(visual_tokens > 0)
         self.text_local = nn.Parameter(init_prompt((n_ctx, text_width), init_std, seed=seed * 1000 + 3)) if local_text else None
+        self.scale = float(self.clip.logit_scale.exp())  # the frozen logit scale as a number: read without a device sync
         self.shared_prefix_text = True  # text tower: encode the class-independent prefix once (exact)
         self.normalize: Callable[[Tensor], Tensor] = _identity
         self.zero_shot_text: Tensor | None = None  # (C, D) the template's class features, set by the round loop
@@ -120,7 +122,7 @@ class PromptedCLIP(nn.Module):
         `owners` (B,) naming each image's row of them (several clients' images in one batch)."""
         # In fp32 even under bf16 autocast: bf16 logits of ~30 move in steps of ~0.2, which would tie
         # samples at the filters' median thresholds and in the top-u ranking.
-        with torch.autocast(image_features.device.type, enabled=False):
+        with full_precision(image_features.device):
             if owners is None:
                 cos = image_features.float() @ text_features.float().t()  # (B, C)
             else:  # every image against every group's classes, then its own group's: (B, G, C) -> (B, C)

@@ -126,6 +126,7 @@ def fit(
         signal_code = collectives.max_over_ranks(signal_code, what="stop request")  # did any rank get a signal?
         if signal_code and round_idx + 1 < rounds:
             collectives.close()
+            rank.images.close()
             return stop_early(rank, stop, server.shared, round_idx, rounds, STOP_SIGNALS[signal_code - 1])
 
     if confusion is not None:  # None: a resumed run that had already finished its rounds
@@ -136,6 +137,7 @@ def fit(
         write_predictions(rank, run_dir.path("predictions"), cfg.dataset.root)
     wall_seconds = wall_before + time.perf_counter() - start_time
     domains = domain_summary(recorder.rounds, rank.dataset, fed.partition, fed.num_clients, fed.clients_per_domain)
+    rank.images.close()
     summary = recorder.finish(
         cfg.settings,
         {"num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,

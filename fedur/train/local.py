@@ -4,16 +4,16 @@ loss, SGD momentum and schedule (fedur/train/module.py forms their logits)."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from fedur.data.loaders import ClientImages, make_loader
-from fedur.federated.client import ClientState
+from fedur.data.loaders import epoch_order, in_batches
+from fedur.federated.client import ClientState, to_cpu
 from fedur.federated.streams import client_generator
+from fedur.labels.base import PseudoLabels
 
 if TYPE_CHECKING:
     from fedur.train.rank import Rank
@@ -28,15 +28,12 @@ class LocalResult:
     optimizer_state: dict  # the SGD state (momentum) after the round
 
 
-def client_loader(rank: Rank, client: ClientState, round_idx: int):
-    """The client's selected pseudo-labelled images in this round's order (its own stream)."""
-    work, labels = rank.work, client.pseudo_labels
-    selected = client.train_indices[labels.indices.numpy()]
-    data = ClientImages(rank.dataset.train, selected, rank.transform, (labels.labels, labels.mask))
-    return make_loader(
-        data, work.batch_size, work.num_workers, generator=client_generator(work.seed, client.client_id, round_idx),
-        pin_memory=rank.fabric.device.type == "cuda",
-    )
+def epoch_plan(clients: list[ClientState], generators: list[torch.Generator], batch_size: int) -> list[list[tuple[int, Tensor]]]:
+    """The steps of one local epoch of a unit: at each step, (k, positions) for every client k that still has a
+    batch, its next batch of positions into its selected pseudo-labels, in the order its own stream drew."""
+    batches = [in_batches(epoch_order(len(c.pseudo_labels.labels), g), batch_size) for c, g in zip(clients, generators)]
+    steps = max((len(b) for b in batches), default=0)
+    return [[(k, torch.from_numpy(b[s])) for k, b in enumerate(batches) if s < len(b)] for s in range(steps)]
 
 
 def client_optimizer(rank: Rank, round_idx: int, optimizer_state: dict | None, params: list[Tensor]):
@@ -62,26 +59,23 @@ def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer
     fabric, tuner, work, progress = rank.fabric, rank.tuner, rank.work, rank.progress
     names = tuner.trained_names()  # the optimizer's order
     device = fabric.device
-    prompts = [{n: t.to(device) for n, t in c.prompts.items()} for c in clients]
-    for p in prompts:  # the trained prompts become this round's own leaves
-        p.update({n: p[n].detach().clone().requires_grad_(True) for n in names})
+    on_device = [c.on(device) for c in clients]  # the round's start, and the method's state, moved once
+    prompts = [{n: t.detach().clone().requires_grad_(n in names) for n, t in c.prompts.items()} for c in on_device]
     optimizers = [client_optimizer(rank, round_idx, state, [p[n] for n in names]) for p, state in zip(prompts, optimizer_states)]
-    loaders = [client_loader(rank, c, round_idx) for c in clients]
+    generators = [client_generator(work.seed, c.client_id, round_idx) for c in clients]  # each its own data order
+    selected = [c.train_indices[c.pseudo_labels.indices.numpy()] for c in clients]  # rows of the train split
     lrs = [scheduler.get_last_lr()[0] for _, scheduler in optimizers]
     sums = torch.zeros(len(clients), 3, device=device)  # loss, loss_pos, loss_neg: summed on device, read once
     steps = [0] * len(clients)
     who = f"client {clients[0].client_id}" if len(clients) == 1 else f"clients {', '.join(str(c.client_id) for c in clients)}"
     for _ in progress.iterate(range(tuner.optim.local_epochs), f"{who} epochs"):
-        iterators = {k: iter(loader) for k, loader in enumerate(loaders)}
-        while True:
-            batches = {k: b for k, b in ((k, next(it, None)) for k, it in iterators.items()) if b is not None}
-            if not batches:
-                break
-            iterators = {k: iterators[k] for k in batches}
-            order = sorted(batches)
+        plan = epoch_plan(clients, generators, work.batch_size)
+        images = iter(rank.images.batches("train", [selected[k][b.numpy()] for step in plan for k, b in step]))
+        for step in plan:
+            order = [k for k, _ in step]
+            batches = [fabric.to_device(batch_of(clients[k].pseudo_labels, b, next(images))) for k, b in step]
             with fabric.autocast():
-                outs = tuner.training_step([fabric.to_device(batches[k]) for k in order], [prompts[k] for k in order],
-                                           [clients[k] for k in order])
+                outs = tuner.training_step(batches, [prompts[k] for k in order], [on_device[k] for k in order])
             for k in order:
                 optimizers[k][0].zero_grad(set_to_none=True)
             fabric.backward(torch.stack([out["loss"] for out in outs]).sum())
@@ -99,6 +93,12 @@ def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer
     for k, client in enumerate(clients):
         client.prompts = {n: t.detach().cpu().clone() for n, t in prompts[k].items()}  # as everything the server sees
         means = (sums[k] / max(steps[k], 1)).tolist()  # device-to-host sync, once per client-round
-        state = copy.deepcopy(optimizers[k][0].state_dict()["state"])
+        state = to_cpu(optimizers[k][0].state_dict()["state"])  # momentum kept between rounds, on the CPU like the rest
         results.append(LocalResult(*means, lr=lrs[k], optimizer_state=state))
     return results
+
+
+def batch_of(labels: PseudoLabels, positions: Tensor, images: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A training batch of a client: its images, their pseudo-labels (B,), the labeller's class mask (B, C) and
+    their rows (B,): positions in the client's train images."""
+    return images, labels.labels[positions], labels.mask[positions], labels.indices[positions]

@@ -53,13 +53,14 @@ class PromptTuner(L.LightningModule):
     def training_step(self, batches: list[tuple[Tensor, ...]], prompts: list[dict[str, Tensor]],
                       clients: list[ClientState]) -> list[dict[str, Tensor]]:
         """One step of a group: client k's batch (images (B_k, 3, H, W), pseudo-labels (B_k,), the labeller's
-        class mask (B_k, C) bool) with the prompts `prompts[k]` it is training. Returns each client's
-        {"loss", "loss_pos", "loss_neg"}; the sum of the losses is what to backpropagate (a client's prompts
-        only reach its own loss, so each gets its own gradient)."""
+        class mask (B_k, C) bool, the images' positions in the client's train images (B_k,)) with the prompts
+        `prompts[k]` it is training; `clients[k]`: the client with its state on the device (its prompts: those it
+        began the round with). Returns each client's {"loss", "loss_pos", "loss_neg"}; the sum of the losses is
+        what to backpropagate (a client's prompts only reach its own loss, so each gets its own gradient)."""
         texts = self.method.group_text_side(self.model, prompts)
-        logits = self.method.group_logits(self.model, [b[0] for b in batches], prompts, texts, clients)
+        logits = self.method.group_logits(self.model, [b[0] for b in batches], prompts, texts, clients, [b[3] for b in batches])
         outs = []
-        for part, (_, labels, mask), p, client in zip(logits, batches, prompts, clients):
+        for part, (_, labels, mask, _), p, client in zip(logits, batches, prompts, clients):
             loss, loss_pos, loss_neg = self.labeller.loss(part, labels, mask, self.class_weights)
             penalty = self.method.penalty(p, client.prompts)  # client.prompts: those it began the round with
             outs.append({"loss": loss if penalty is None else loss + penalty, "loss_pos": loss_pos, "loss_neg": loss_neg})

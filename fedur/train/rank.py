@@ -8,9 +8,8 @@ together, in training (fedur/train/local.py) as in pseudo-labelling and evaluati
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -18,7 +17,7 @@ from lightning import Fabric
 from torch import Tensor
 
 from fedur.data.images import ImageDataset
-from fedur.data.loaders import ClientImages, make_loader
+from fedur.data.loaders import ImageLoader, in_batches
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.methods.base import Method
@@ -35,7 +34,6 @@ class LocalWork:
 
     batch_size: int  # local training
     eval_batch_size: int  # pseudo-labelling and evaluation
-    num_workers: int  # DataLoader workers
     seed: int  # run.seed: every client's data order derives from it
     log_every_n_steps: int = 0  # print the training loss every n optimizer steps (0: never)
     clients_per_step: int = 1  # clients of a group run in one batch (fixed groups of consecutive ids)
@@ -48,7 +46,7 @@ class Rank:
     tuner: PromptTuner  # the frozen backbone, the method and the labeller, and the local optimisation
     clients: list[ClientState]  # the clients this rank hosts, in client-id order
     dataset: ImageDataset  # train / test splits (rows of the image cache)
-    transform: Callable  # per-sample: cached uint8 pixels, or CLIP's preprocess
+    images: ImageLoader  # every pass over the rank's images, through one set of loader workers
     num_clients: int  # K, over all ranks
     work: LocalWork
     progress: Progress = QUIET  # rank 0's progress display; the others stay quiet
@@ -92,27 +90,35 @@ class Rank:
 
     def _predict_unit(self, unit: list[ClientState], split: str, zero_shot: bool, show: bool) -> dict[int, tuple[Tensor, Tensor]]:
         indices = [c.train_indices if split == "train" else c.test_indices for c in unit]
-        owners = torch.repeat_interleave(torch.arange(len(unit)), torch.tensor([len(i) for i in indices]))
-        loader = self._loader(split, np.concatenate(indices), owners)
+        sizes = torch.tensor([len(i) for i in indices])
+        owners = torch.repeat_interleave(torch.arange(len(unit)), sizes)  # (n,) the unit's client of each image
+        positions = torch.cat([torch.arange(len(i)) for i in indices])  # (n,) its position among its client's
+        rows = np.concatenate(indices)
+        data = getattr(self.dataset, split)
+        true = torch.from_numpy(data.labels[rows]) if data.labelled else torch.full((len(rows),), UNLABELLED)
+        plan = in_batches(np.arange(len(rows)), self.work.eval_batch_size)  # positions in the unit's pass
+        batches = zip(self.images.batches(split, [rows[b] for b in plan]), plan)
         if show:
             who = f"client {unit[0].client_id}" if len(unit) == 1 else f"clients {unit[0].client_id}-{unit[-1].client_id}"
-            loader = self.progress.iterate(loader, f"{who} batches")
-        model, method = self.model, self.method
-        prompts = [{n: t.to(self.fabric.device) for n, t in c.prompts.items()} for c in unit]
+            batches = self.progress.iterate(batches, f"{who} batches", total=len(plan))
+        model, method, device = self.model, self.method, self.fabric.device
+        on_device = [c.on(device) for c in unit]  # the clients' prompts and method state, moved once per pass
         logits: list[list[Tensor]] = [[] for _ in unit]
         labels: list[list[Tensor]] = [[] for _ in unit]
         with self.fabric.autocast():
-            texts = [None] * len(unit) if zero_shot else method.group_text_side(model, prompts)
-            for images, batch_labels, batch_owners in loader:
+            texts = [None] * len(unit) if zero_shot else method.group_text_side(model, [c.prompts for c in on_device])
+            for images, batch in batches:
                 images = self.fabric.to_device(images)
-                present, counts = torch.unique_consecutive(batch_owners, return_counts=True)
+                present, counts = torch.unique_consecutive(owners[batch], return_counts=True)
+                counts = counts.tolist()
                 if zero_shot:  # the same frozen classifier for every client
-                    parts = model.logits(model.image_features(images, prompted=False), model.zero_shot_text).split(counts.tolist())
+                    parts = model.logits(model.image_features(images, prompted=False), model.zero_shot_text).split(counts)
                 else:
                     k = present.tolist()
-                    parts = method.group_logits(model, list(images.split(counts.tolist())), [prompts[i] for i in k],
-                                                [texts[i] for i in k], [unit[i] for i in k])
-                for i, part, part_labels in zip(present.tolist(), parts, batch_labels.split(counts.tolist())):
+                    batch_rows = self.fabric.to_device(positions[batch]).split(counts) if split == "train" else [None] * len(k)
+                    parts = method.group_logits(model, list(images.split(counts)), [on_device[i].prompts for i in k],
+                                                [texts[i] for i in k], [on_device[i] for i in k], list(batch_rows))
+                for i, part, part_labels in zip(present.tolist(), parts, true[batch].split(counts)):
                     logits[i].append(part.float().cpu())  # device-to-host copy per batch
                     labels[i].append(part_labels)
         num_classes = model.num_classes
@@ -129,12 +135,6 @@ class Rank:
         indices = client.train_indices if positions is None else client.train_indices[positions]
         features = []
         with self.fabric.autocast():
-            for images, _, _ in self._loader("train", indices, torch.zeros(len(indices), dtype=torch.long)):
+            for images in self.images.batches("train", in_batches(indices, self.work.eval_batch_size)):
                 features.append(self.model.image_features(self.fabric.to_device(images), prompted=False).float().cpu())
         return torch.cat(features) if features else torch.zeros(0, self.model.zero_shot_text.shape[-1])
-
-    def _loader(self, split: str, indices: np.ndarray, owners: Tensor) -> Any:
-        data = getattr(self.dataset, split)
-        labels = torch.from_numpy(data.labels[indices]) if data.labelled else torch.full((len(indices),), UNLABELLED)
-        images = ClientImages(data, indices, self.transform, (labels, owners))
-        return make_loader(images, self.work.eval_batch_size, self.work.num_workers)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from fedur.federated.client import check_tensors, momentum_only
+from fedur.federated.client import check_tensors, momentum_only, to_cpu
 from fedur.train.refresh import Refresh
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class ServerState:
         return {
             "shared": {name: t.cpu() for name, t in self.shared.items()},
             "refresh": None if self.refresh is None else vars(self.refresh),
-            "carried_optimizer": self.carried_optimizer,
+            "carried_optimizer": to_cpu(self.carried_optimizer),
             "wall_seconds": self.wall_seconds,
             "method": {name: t.cpu() for name, t in self.method.items()},
         }

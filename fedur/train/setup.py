@@ -12,6 +12,7 @@ from lightning import Fabric
 from fedur.config import Config
 from fedur.data.cache import CacheOptions, prepare_splits, stderr_progress
 from fedur.data.datasets import DataOptions, ImageDataset, prepare_dataset
+from fedur.data.loaders import ImageLoader
 from fedur.data.partition import PartitionError, PartitionSpec, Parts, class_histogram, split_clients
 from fedur.data.split_file import image_ids, keep_rows, left_out_ids, part_ids, read_split_file
 from fedur.federated.client import ClientState
@@ -81,15 +82,17 @@ def setup(
     )
     model.shared_prefix_text = cfg.model.shared_prefix_text
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
-    model.zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)
+    start = model.prompts(method.prompts)  # every client starts from the same, held on the CPU between rounds
     tuner = PromptTuner(model, method, labeller, Optimization(
         optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every, optim.schedule)).to(fabric.device)
-    start = {name: t.cpu() for name, t in model.prompts(method.prompts).items()}  # every client starts from the same
+    model.zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)  # after the move
     local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank, cfg.run.clients_per_step)
     clients = [ClientState(k, train_parts[k], test_parts[k], dict(start)) for k in local_ids]
-    work = LocalWork(optim.batch_size, optim.eval_batch_size, d.num_workers, cfg.run.seed, cfg.run.log_every_n_steps,
+    work = LocalWork(optim.batch_size, optim.eval_batch_size, cfg.run.seed, cfg.run.log_every_n_steps,
                      cfg.run.clients_per_step)
-    rank = Rank(fabric, collectives, tuner, clients, dataset, loading.transform, fed.num_clients, work, progress)
+    images = ImageLoader({"train": dataset.train, "test": dataset.test}, loading.transform, d.num_workers,
+                         pin_memory=fabric.device.type == "cuda")
+    rank = Rank(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress)
     return rank, truth, loading.skipped
 
 

@@ -10,7 +10,7 @@ from PIL import Image
 
 from fedur.data.cache import CacheOptions, corrupt_message, prepare_splits, split_preprocess
 from fedur.data.datasets import DataUnavailableError, ImageSplit
-from fedur.data.loaders import BatchNormalize, ClientImages, MappedImages, Pixels, make_loader, unchanged
+from fedur.data.loaders import BatchNormalize, ImageLoader, MappedImages, Pixels, SplitImages, in_batches, unchanged
 
 SIZE = 24
 PREPROCESS = open_clip.image_transform(SIZE, is_train=False)  # what open_clip gives a 24-px model
@@ -137,19 +137,28 @@ def test_corrupt_message_lists_the_first_twenty_and_counts_the_rest():
     assert "/d/19.jpg" in message and "/d/20.jpg" not in message and "... and 5 more" in message
 
 
-def test_client_images_load_cached_rows_in_worker_processes(splits, tmp_path):
+def test_the_image_loader_reads_cached_rows_in_worker_processes_kept_across_passes(splits, tmp_path):
     train, test = splits
     prepared = prepare(train, test, tmp_path / "cache", workers=2)
     assert len(pickle.dumps(prepared.train.arrays)) < 1000  # a worker gets the path, not the pixels
-    indices = np.array([8, 0, 3, 5, 1])
-    data = ClientImages(prepared.train, indices, prepared.transform, (torch.arange(5),))
-    assert data.raw_rows  # rows go to the transform without a PIL round trip
-    batches = list(make_loader(data, batch_size=2, num_workers=2))
-    assert all(b[0].dtype == torch.uint8 and b[0].shape[1:] == (3, SIZE, SIZE) for b in batches)
-    images = prepared.normalize(torch.cat([b[0] for b in batches]))
-    assert torch.cat([b[1] for b in batches]).tolist() == [0, 1, 2, 3, 4]
-    expected = torch.stack([PREPROCESS(train.load(int(i))) for i in indices])
-    assert torch.equal(images, expected)
+    assert SplitImages({"train": prepared.train}, prepared.transform).raw_rows["train"]  # no PIL round trip
+    loader = ImageLoader({"train": prepared.train, "test": prepared.test}, prepared.transform, num_workers=2)
+    in_process = ImageLoader({"train": prepared.train, "test": prepared.test}, prepared.transform, num_workers=0)
+    workers = None
+    for indices in (np.array([8, 0, 3, 5, 1]), np.array([2, 7])):  # two passes, the same worker processes
+        plan = in_batches(indices, 2)
+        batches = list(loader.batches("train", plan))
+        assert [len(b) for b in batches] == [len(p) for p in plan]
+        assert all(b.dtype == torch.uint8 and b.shape[1:] == (3, SIZE, SIZE) for b in batches)
+        assert all(torch.equal(a, b) for a, b in zip(batches, in_process.batches("train", plan)))
+        expected = torch.stack([PREPROCESS(train.load(int(i))) for i in indices])
+        assert torch.equal(prepared.normalize(torch.cat(batches)), expected)
+        pids = [w.pid for w in loader._iterator._workers]
+        assert workers is None or pids == workers
+        workers = pids
+    one = [np.array([1])]
+    assert torch.equal(torch.cat(list(loader.batches("test", one))), torch.cat(list(in_process.batches("test", one))))
+    loader.close()
 
 
 def test_pixels_take_arrays_and_pil_images_alike_and_batch_normalize_matches_torchvision():

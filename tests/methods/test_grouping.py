@@ -44,8 +44,8 @@ def test_the_grouped_forward_equals_each_clients_own(tiny_clip, method):
 
 def test_a_subclass_with_other_logits_loses_the_fused_forward():
     class Scaled(FedUR):  # other logits, no grouped forward of its own
-        def logits(self, model, images, prompts, text, client):
-            return 2 * super().logits(model, images, prompts, text, client)
+        def logits(self, model, images, prompts, text, client, rows=None):
+            return 2 * super().logits(model, images, prompts, text, client, rows)
 
     class OwnText(PromptFL):  # another text side: its fused text pass no longer applies
         def text_side(self, model, prompts):
@@ -69,8 +69,8 @@ def test_the_grouped_text_tower_equals_one_pass_per_context(tiny_clip):
 
 def test_logits_from_a_mixin_also_drop_the_fused_forward():
     class DoubleLogits:
-        def logits(self, model, images, prompts, text, client):
-            return 2 * Method.logits(self, model, images, prompts, text, client)
+        def logits(self, model, images, prompts, text, client, rows=None):
+            return 2 * Method.logits(self, model, images, prompts, text, client, rows)
 
     class Mixed(DoubleLogits, FedUR):  # FedUR's fused forward was written for FedUR's logits, not these
         pass
