@@ -37,6 +37,17 @@ Two solvers, chosen by ``ot`` (the reference's ``--OT``):
 Iteration stops after ``max_iter`` iterations, or once the mean absolute change of the scaling
 that is tested (v for COT, r = row scaling for Sinkhorn) falls below ``thresh``.
 
+Host synchronisation: the stop test is a tensor on the device, and reading it on the host (``bool``,
+``.item()``) waits for the device. So the loops keep the stop state on the device (stopped problems,
+or the whole batch once the batch-wide error fell below ``thresh``, are frozen by ``torch.where`` and
+further iterations leave them unchanged) and read it only after iterations 1, 2, 4, ... below
+``check_every`` and every ``check_every``-th iteration (default 16 on an accelerator), never after the
+last one, to leave the loop early. The plan is bit-for-bit the one of a test after every iteration,
+with at most ceil(log2(check_every)) + floor((max_iter - 1) / check_every) reads per solve (10 at the
+defaults instead of up to 100), at the price of fewer than min(iterations run, check_every) iterations
+past the stop. On the CPU, where a read costs nothing, and while autograd records through the cost,
+the default is a read after every iteration (the graph is then the one of a plain loop).
+
 Reference followed (github.com/HongxiaLee/FedOTP, commit 9948611, ``trainers/GLP_OT.py``):
 
 * lines 222-236 ``Sinkhorn``: r = u / (K c), c = v / (K^T r), err = mean|r - r0|, break on
@@ -86,9 +97,14 @@ Differences from the reference, and why
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from fedur.model.precision import full_precision
 
 __all__ = [
     "similarity",
@@ -101,9 +117,12 @@ __all__ = [
 
 OT_KINDS = ("COT", "Sinkhorn")
 
+CHECK_EVERY = 16  # default for check_every on a device where reading a value back is a synchronisation
+_NO_SYNC_DEVICES = frozenset({"cpu"})  # device types where reading a value back costs nothing
+
 
 def _no_autocast(t: Tensor):
-    return torch.autocast(device_type=t.device.type, enabled=False)
+    return full_precision(t.device)
 
 
 def similarity(patch_features: Tensor, text_features: Tensor, normalize: bool = True) -> Tensor:
@@ -147,11 +166,54 @@ def _flatten_problems(cost: Tensor, a: Tensor | None, b: Tensor | None):
     return c, a, b, lead
 
 
-def _check_solver_args(eps: float, max_iter: int) -> None:
+def _check_solver_args(eps: float, max_iter: int, check_every: int | None = None) -> None:
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
     if max_iter < 1:
         raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    if check_every is not None and check_every < 1:
+        raise ValueError(f"check_every must be >= 1, got {check_every}")
+
+
+def _resolve_check_every(check_every: int | None, cost: Tensor) -> int:
+    """``check_every``, or the default: 1 on the CPU and while autograd records through ``cost``, else CHECK_EVERY."""
+    if check_every is not None:
+        return int(check_every)
+    if cost.device.type in _NO_SYNC_DEVICES or (torch.is_grad_enabled() and cost.requires_grad):
+        return 1
+    return CHECK_EVERY
+
+
+def _is_check(it: int, check_every: int, max_iter: int) -> bool:
+    """Whether the loop reads its stop state after iteration ``it`` (1-based): after the powers of two below
+    ``check_every`` (1, 2, 4, ...) and every ``check_every``-th, not after the last (the loop ends there
+    anyway). At most ceil(log2(check_every)) + floor((max_iter - 1) / check_every) reads; a stop is seen
+    fewer than min(it, check_every) iterations late."""
+    return it < max_iter and (it % check_every == 0 or (it < check_every and it & (it - 1) == 0))
+
+
+_F32_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
+
+
+def _float32_lt_bound(thresh: float) -> float:
+    """The float32 value t with ``x < t`` (in float32) exactly when ``float(x) < thresh`` (in double), for
+    every float32 x: the smallest float32 >= thresh. The reference compares ``err.item()`` (a float32 read
+    back as a double) with the double thresh; a device-side ``err < thresh`` would round thresh to float32
+    first (to nearest), which differs when thresh rounds down (0.7: float32(0.7) < 0.7)."""
+    t = float(thresh)
+    if math.isnan(t) or math.isinf(t):
+        return t
+    if t > _F32_MAX:
+        return math.inf
+    if t < -_F32_MAX:
+        return -_F32_MAX
+    f = struct.unpack("<f", struct.pack("<f", t))[0]  # to nearest; |t| <= max float32, no overflow
+    if f < t:  # rounded down: step up to the next float32
+        if f == 0.0:
+            return 2.0**-149  # the smallest positive (subnormal) float32
+        bits = struct.unpack("<I", struct.pack("<f", f))[0]  # sign-magnitude: +1 grows |f|, -1 shrinks it
+        f = struct.unpack("<f", struct.pack("<I", bits + 1 if f > 0 else bits - 1))[0]
+    return f
 
 
 def balanced_ot_plan(
@@ -163,6 +225,7 @@ def balanced_ot_plan(
     max_iter: int = 100,
     thresh: float = 1e-3,
     per_problem_stop: bool = True,
+    check_every: int | None = None,
 ) -> Tensor:
     """Balanced entropic OT by Sinkhorn scaling (reference ``Sinkhorn``, GLP_OT.py lines 222-236).
 
@@ -172,8 +235,11 @@ def balanced_ot_plan(
     over the whole batch with ``per_problem_stop=False`` as in the reference) or after
     ``max_iter``. Returns T = diag(r) K diag(c), (..., M, N) float32, with T^T 1 = b exactly and
     T 1 = a at convergence. Differentiable if ``cost`` is (call under no_grad for FedOTP).
+    ``check_every``: the longest run of iterations without reading the stop state back to the host
+    (see the module docstring; it changes no bit of the result).
     """
-    _check_solver_args(eps, max_iter)
+    _check_solver_args(eps, max_iter, check_every)
+    check_every = _resolve_check_every(check_every, cost)
     with _no_autocast(cost):
         c_, a, b, lead = _flatten_problems(cost, a, b)
         p, m, n = c_.shape
@@ -184,7 +250,9 @@ def balanced_ot_plan(
         r = torch.ones_like(a)
         c = torch.ones_like(b)
         active = torch.ones(p, dtype=torch.bool, device=c_.device)
-        for _ in range(max_iter):
+        done = None  # batch-wide stop, on the device: the error fell below thresh in an earlier iteration
+        bound = _float32_lt_bound(thresh)
+        for it in range(1, max_iter + 1):
             r0 = r
             r_new = a / torch.matmul(K, c.unsqueeze(-1)).squeeze(-1)
             c_new = b / torch.matmul(Kt, r_new.unsqueeze(-1)).squeeze(-1)
@@ -193,11 +261,17 @@ def balanced_ot_plan(
                 r = torch.where(keep, r_new, r)
                 c = torch.where(keep, c_new, c)
                 active = active & ~((r - r0).abs().mean(-1) < thresh)
-                if not bool(active.any()):
+                if _is_check(it, check_every, max_iter) and not bool(active.any()):
                     break
             else:
+                frozen = done is not None and check_every > 1  # else done is False here (or unset)
+                if frozen:  # once stopped, keep the state of the stopping iteration (updated, as the reference's)
+                    r_new = torch.where(done, r, r_new)
+                    c_new = torch.where(done, c, c_new)
                 r, c = r_new, c_new
-                if (r - r0).abs().mean().item() < thresh:
+                below = (r - r0).abs().mean() < bound  # the reference's err.item() < thresh
+                done = done | below if frozen else below
+                if _is_check(it, check_every, max_iter) and bool(done):
                     break
         T = (r.unsqueeze(-1) * c.unsqueeze(-2)) * K  # the reference's (r c^T) * K
         return T.reshape(*lead, m, n)
@@ -213,6 +287,7 @@ def partial_ot_plan(
     max_iter: int = 100,
     thresh: float = 1e-3,
     per_problem_stop: bool = True,
+    check_every: int | None = None,
 ) -> Tensor:
     """FedOTP's 'COT' partial entropic OT (reference ``entropic_COT_fast``, GLP_OT.py lines 238-274).
 
@@ -224,10 +299,12 @@ def partial_ot_plan(
     ``per_problem_stop=False`` as in the reference) or after ``max_iter``.
     Returns T = diag(u) K diag(v), (..., M, N) float32: T^T 1 = b exactly (total mass sum(b)),
     T 1 <= a at convergence. Differentiable if ``cost`` is (call under no_grad for FedOTP).
+    ``check_every``: as in :func:`balanced_ot_plan`.
     """
-    _check_solver_args(eps, max_iter)
+    _check_solver_args(eps, max_iter, check_every)
     if not top_percent > 0:
         raise ValueError(f"top_percent must be > 0, got {top_percent}")
+    check_every = _resolve_check_every(check_every, cost)
     with _no_autocast(cost):
         c_, a, b, lead = _flatten_problems(cost, a, b)
         p, m, n = c_.shape
@@ -241,7 +318,9 @@ def partial_ot_plan(
         u = ones_m
         v = torch.ones_like(b)
         active = torch.ones(p, dtype=torch.bool, device=c_.device)
-        for _ in range(max_iter):
+        done = None  # batch-wide stop, on the device, as in balanced_ot_plan
+        bound = _float32_lt_bound(thresh)
+        for it in range(1, max_iter + 1):
             v0 = v
             u_new = torch.minimum(1.0 / torch.matmul(Kp, v.unsqueeze(-1)).squeeze(-1), ones_m)
             v_new = 1.0 / torch.matmul(Kq, u_new.unsqueeze(-1)).squeeze(-1)
@@ -250,11 +329,17 @@ def partial_ot_plan(
                 u = torch.where(keep, u_new, u)
                 v = torch.where(keep, v_new, v)
                 active = active & ~((v - v0).abs().mean(-1) < thresh)
-                if not bool(active.any()):
+                if _is_check(it, check_every, max_iter) and not bool(active.any()):
                     break
             else:
+                frozen = done is not None and check_every > 1  # else done is False here (or unset)
+                if frozen:  # once stopped, keep the state of the stopping iteration (updated, as the reference's)
+                    u_new = torch.where(done, u, u_new)
+                    v_new = torch.where(done, v, v_new)
                 u, v = u_new, v_new
-                if (v - v0).abs().mean().item() < thresh:
+                below = (v - v0).abs().mean() < bound  # the reference's err.item() < thresh
+                done = done | below if frozen else below
+                if _is_check(it, check_every, max_iter) and bool(done):
                     break
         T = u.unsqueeze(-1) * K * v.unsqueeze(-2)
         return T.reshape(*lead, m, n)
@@ -285,7 +370,7 @@ def ot_plan(
             T = partial_ot_plan(cost, top_percent=top_percent, **kw)
         else:
             T = balanced_ot_plan(cost, **kw)
-    if not bool(torch.isfinite(T).all()):
+    if not bool(torch.isfinite(T).all()):  # one read back per call, after the loop
         raise FloatingPointError(
             f"FedOTP transport plan is not finite (eps={eps}: exp(-cost/eps) underflows in float32 "
             f"for cost/eps > ~87)"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from fedur.methods import fedotp_math
 from fedur.methods.fedotp_math import (
     balanced_ot_plan,
     ot_logits,
@@ -16,6 +19,7 @@ from fedur.methods.fedotp_math import (
     partial_ot_plan,
     similarity,
 )
+from fedur.model.precision import full_precision
 
 CONVERGED = dict(thresh=1e-10, max_iter=5000)  # run the scaling loops to convergence
 
@@ -390,3 +394,338 @@ def test_errors():
     # eps too small for float32: exp(-2 / 0.01) underflows, the plan is NaN, and that is an error
     with pytest.raises(FloatingPointError):
         ot_plan(torch.full((1, 1, 3, 2), -1.0), eps=0.01)
+
+
+# --- host synchronisation: the loops read their stop state back only every few iterations ---------
+#
+# The solvers as they were when they read the stop state back after every iteration (bool(active.any())
+# and err.item() < thresh), transcribed verbatim as the oracle: the loops that read it less often must
+# give the same bits.
+
+
+def _old_flatten_problems(cost, a, b):
+    lead, (m, n) = cost.shape[:-2], cost.shape[-2:]
+    c = cost.float().reshape(-1, m, n)
+    p = c.shape[0]
+    if a is None:
+        a = torch.full((p, m), 1.0 / m, dtype=torch.float32, device=c.device)
+    else:
+        a = a.float().expand(*lead, m).reshape(p, m)
+    if b is not None:
+        b = b.float().expand(*lead, n).reshape(p, n)
+    return c, a, b, lead
+
+
+def _old_balanced_ot_plan(cost, a=None, b=None, *, eps=0.1, max_iter=100, thresh=1e-3, per_problem_stop=True):
+    with full_precision(cost.device):
+        c_, a, b, lead = _old_flatten_problems(cost, a, b)
+        p, m, n = c_.shape
+        if b is None:
+            b = torch.full((p, n), 1.0 / n, dtype=torch.float32, device=c_.device)
+        K = torch.exp(-c_ / eps)
+        Kt = K.transpose(-1, -2)
+        r = torch.ones_like(a)
+        c = torch.ones_like(b)
+        active = torch.ones(p, dtype=torch.bool, device=c_.device)
+        for _ in range(max_iter):
+            r0 = r
+            r_new = a / torch.matmul(K, c.unsqueeze(-1)).squeeze(-1)
+            c_new = b / torch.matmul(Kt, r_new.unsqueeze(-1)).squeeze(-1)
+            if per_problem_stop:
+                keep = active.unsqueeze(-1)
+                r = torch.where(keep, r_new, r)
+                c = torch.where(keep, c_new, c)
+                active = active & ~((r - r0).abs().mean(-1) < thresh)
+                if not bool(active.any()):
+                    break
+            else:
+                r, c = r_new, c_new
+                if (r - r0).abs().mean().item() < thresh:
+                    break
+        T = (r.unsqueeze(-1) * c.unsqueeze(-2)) * K
+        return T.reshape(*lead, m, n)
+
+
+def _old_partial_ot_plan(
+    cost, a=None, b=None, *, top_percent=0.8, eps=0.1, max_iter=100, thresh=1e-3, per_problem_stop=True
+):
+    with full_precision(cost.device):
+        c_, a, b, lead = _old_flatten_problems(cost, a, b)
+        p, m, n = c_.shape
+        if b is None:
+            mass = torch.clamp(a.sum(-1, keepdim=True), max=top_percent)
+            b = torch.full((p, n), 1.0 / n, dtype=torch.float32, device=c_.device) * mass
+        K = torch.exp(-c_ / eps)
+        Kp = (1.0 / a).unsqueeze(-1) * K
+        Kq = (1.0 / b).unsqueeze(-1) * K.transpose(-1, -2)
+        ones_m = torch.ones_like(a)
+        u = ones_m
+        v = torch.ones_like(b)
+        active = torch.ones(p, dtype=torch.bool, device=c_.device)
+        for _ in range(max_iter):
+            v0 = v
+            u_new = torch.minimum(1.0 / torch.matmul(Kp, v.unsqueeze(-1)).squeeze(-1), ones_m)
+            v_new = 1.0 / torch.matmul(Kq, u_new.unsqueeze(-1)).squeeze(-1)
+            if per_problem_stop:
+                keep = active.unsqueeze(-1)
+                u = torch.where(keep, u_new, u)
+                v = torch.where(keep, v_new, v)
+                active = active & ~((v - v0).abs().mean(-1) < thresh)
+                if not bool(active.any()):
+                    break
+            else:
+                u, v = u_new, v_new
+                if (v - v0).abs().mean().item() < thresh:
+                    break
+        T = u.unsqueeze(-1) * K * v.unsqueeze(-2)
+        return T.reshape(*lead, m, n)
+
+
+SOLVERS = {"COT": (partial_ot_plan, _old_partial_ot_plan), "Sinkhorn": (balanced_ot_plan, _old_balanced_ot_plan)}
+
+# aten ops that read a tensor's values back to the host (item(), bool(), float(), tolist(), ...
+# all end in _local_scalar_dense) or that must wait for the device to size their output
+_SYNC_OPS = {
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.nonzero.default,
+    torch.ops.aten.masked_select.default,
+    torch.ops.aten.equal.default,
+}
+
+
+class _SyncCounter(TorchDispatchMode):
+    """Counts host synchronisations (reads of device values) under it, at the dispatcher, so whatever
+    Python spelling (bool, .item(), float, if tensor) reaches them."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _SYNC_OPS:
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _syncs(fn, *args, **kwargs):
+    with _SyncCounter() as counter:
+        out = fn(*args, **kwargs)
+    return out, counter.n
+
+
+def _same_bits(x, y):
+    """Bitwise equality (NaN payloads and the sign of zero included), not ==."""
+    return x.shape == y.shape and x.dtype == y.dtype == torch.float32 and torch.equal(x.view(torch.int32), y.view(torch.int32))
+
+
+def _reads(max_iter, check_every):
+    """The loop's reads when it never stops: after the powers of two below check_every and its multiples,
+    under max_iter; at most ceil(log2(check_every)) + floor((max_iter - 1) / check_every)."""
+    powers = {2**k for k in range(64) if 2**k < min(check_every, max_iter)}
+    multiples = set(range(check_every, max_iter, check_every))
+    return len(powers | multiples)
+
+
+def _random_problem(g):
+    """A random batch of OT problems: cost (lead..., M, N), marginals or None, and solver settings."""
+    lead = [(), (1,), (5,), (2, 3), (4, 6)][int(torch.randint(5, (1,), generator=g))]
+    m = int(torch.randint(1, 13, (1,), generator=g))
+    n = int(torch.randint(1, 4, (1,), generator=g))
+    kind = int(torch.randint(4, (1,), generator=g))
+    if kind == 0:  # 1 - cosine similarity, as FedOTP's
+        d = 8
+        base = torch.randn(d, generator=g)
+        x = F.normalize(base + 0.8 * torch.randn(*lead, m, d, generator=g), dim=-1)
+        y = F.normalize(base + 0.8 * torch.randn(*lead, n, d, generator=g), dim=-1)
+        cost = 1 - x @ y.transpose(-1, -2)
+    elif kind == 1:
+        cost = 2 * torch.rand(*lead, m, n, generator=g)
+    elif kind == 2:  # some problems constant (converge at once), the others not: staggered stops
+        cost = 2 * torch.rand(*lead, m, n, generator=g)
+        flat = cost.view(-1, m, n)
+        flat[:: 2] = flat[:: 2, :1, :1].clone()
+    else:  # wide costs: at small eps, exp(-cost/eps) underflows and the scalings go inf / NaN
+        cost = 4 * torch.rand(*lead, m, n, generator=g) - 0.5
+    if torch.rand(1, generator=g).item() < 0.3:
+        a = torch.rand(*lead, m, generator=g) + 0.05
+        a = a / a.sum(-1, keepdim=True)
+        b = torch.rand(*lead, n, generator=g) + 0.05
+        b = b / b.sum(-1, keepdim=True) * (0.5 + torch.rand(1, generator=g).item())
+    else:
+        a = b = None
+    eps = [0.01, 0.05, 0.1, 0.3, 1.0, 3.0][int(torch.randint(6, (1,), generator=g))]
+    thresh = [0.0, -1.0, 1e-7, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 0.7, 5.0, math.inf, math.nan][int(torch.randint(12, (1,), generator=g))]
+    max_iter = [1, 2, 3, 5, 8, 16, 17, 33, 100, 150][int(torch.randint(10, (1,), generator=g))]
+    top_percent = [0.3, 0.8, 1.0, 1.7][int(torch.randint(4, (1,), generator=g))]
+    return cost, a, b, dict(eps=eps, thresh=thresh, max_iter=max_iter), top_percent
+
+
+@pytest.mark.parametrize("per_problem_stop", [True, False])
+@pytest.mark.parametrize("OT", ["COT", "Sinkhorn"])
+def test_sparse_stop_checks_bitwise_equal_to_per_iteration_checks(OT, per_problem_stop):
+    new, old = SOLVERS[OT]
+    g = torch.Generator().manual_seed(100 + 2 * (OT == "COT") + per_problem_stop)
+    ran = []  # (iterations the old loop ran, max_iter)
+    for _ in range(60):
+        cost, a, b, kw, tp = _random_problem(g)
+        kw["per_problem_stop"] = per_problem_stop
+        extra = dict(top_percent=tp) if OT == "COT" else {}
+        ref, n_old = _syncs(old, cost, a, b, **kw, **extra)  # the old loop reads once per iteration run
+        ran.append((n_old, kw["max_iter"]))
+        for check_every in (None, 1, 2, 3, 7, 16, 1000):
+            T = new(cost, a, b, **kw, **extra, check_every=check_every)
+            assert _same_bits(T, ref), (kw, check_every)
+    # the cases cover a stop at the first iteration, early and late stops, and no stop
+    assert any(n == 1 < mi for n, mi in ran)
+    assert any(1 < n < mi // 2 for n, mi in ran) and any(mi // 2 <= n < mi for n, mi in ran)
+    assert any(n == mi >= 16 for n, mi in ran)
+
+
+@pytest.mark.parametrize("per_problem_stop", [True, False])
+@pytest.mark.parametrize("OT", ["COT", "Sinkhorn"])
+def test_stop_between_checks_keeps_the_stopping_iterate(OT, per_problem_stop):
+    # Around the reference's stopping iteration s: max_iter s - 1, s, s + 1 and every check period,
+    # so the stop falls on, before and after a check, and the state kept is the one of iteration s
+    # (updated in s, as the reference breaks after its update).
+    new, old = SOLVERS[OT]
+    p, t = _features(20, b=4, m=9, c=5)
+    cost = 1 - similarity(p, t)
+    for thresh in (1e-2, 1e-3, 1e-4):
+        _, s = _syncs(old, cost, thresh=thresh, per_problem_stop=per_problem_stop, max_iter=1000)
+        assert 3 < s < 1000
+        for max_iter in (s - 1, s, s + 1, 2 * s):
+            kw = dict(thresh=thresh, per_problem_stop=per_problem_stop, max_iter=max_iter)
+            ref = old(cost, **kw)
+            for check_every in range(1, s + 3):
+                assert _same_bits(new(cost, **kw, check_every=check_every), ref), (thresh, max_iter, check_every)
+
+
+def test_batch_stop_is_the_reference_double_comparison():
+    # The reference compares err.item() (float32 read as a double) with the double thresh. A device-side
+    # err < thresh rounds thresh to float32 first: for thresh = 0.7, float32(0.7) < 0.7, so err = float32(0.7)
+    # stops the reference but not `err < 0.7` on the device. The bound used instead agrees for every float32.
+    f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]
+    x = torch.tensor(f32(0.7))
+    assert x.item() < 0.7 and not bool(x < 0.7)
+    bound = fedotp_math._float32_lt_bound
+    tiny = 2.0**-149
+    threshes = [0.7, 1e-3, 0.1, 1 / 3, 1.0, 0.0, -0.0, -1e-3, -0.7, 1e-45, 1e-50, -1e-50, tiny, 3 * tiny,
+                3.4028234663852886e38, 3.4028235e38, 3.5e38, 1e39, -1e39, math.inf, -math.inf, math.nan, 2, 0]
+    for thresh in threshes:
+        t = torch.tensor(float(thresh), dtype=torch.float64).float()
+        near = torch.stack([t] + [torch.nextafter(t, torch.tensor(d)) for d in (math.inf, -math.inf)])
+        near = torch.cat([near, torch.nextafter(near, torch.tensor(math.inf)), torch.nextafter(near, torch.tensor(-math.inf)),
+                          torch.tensor([0.0, -0.0, tiny, -tiny, 1.0, -1.0, math.inf, -math.inf, math.nan])])
+        lhs = near < bound(thresh)
+        assert lhs.tolist() == [v < thresh for v in near.tolist()], thresh
+    # and in the solvers: thresh just above (in double) the float32 error of iteration k, so
+    # float32(thresh) == err_k: the reference stops at k, a float32 device-side comparison would not
+    cost = 1 - similarity(*_features(23, b=2, m=6, c=3))
+    for OT, (new, old) in SOLVERS.items():
+        k = 6
+        errs = _batch_errors(OT, cost, k)
+        assert all(e1 > e2 for e1, e2 in zip(errs, errs[1:]))  # decreasing: iteration k is the first below
+        thresh = math.nextafter(errs[-1], math.inf)
+        assert f32(thresh) == errs[-1] < thresh
+        kw = dict(thresh=thresh, max_iter=50, per_problem_stop=False)
+        ref, n_old = _syncs(old, cost, **kw)
+        assert n_old == k
+        assert not _same_bits(ref, old(cost, **{**kw, "max_iter": k + 1, "thresh": 0.0}))  # the stop matters
+        for check_every in (1, 2, 5, 16):
+            assert _same_bits(new(cost, **kw, check_every=check_every), ref)
+
+
+def _batch_errors(OT, cost, n):
+    """The reference's batch-wide errors err.item() of iterations 1..n (default marginals), the same ops."""
+    with full_precision(cost.device):
+        c_ = cost.float().reshape(-1, *cost.shape[-2:])
+        p, m, n_ = c_.shape
+        a = torch.full((p, m), 1.0 / m)
+        K = torch.exp(-c_ / 0.1)
+        errs = []
+        if OT == "Sinkhorn":
+            b = torch.full((p, n_), 1.0 / n_)
+            r, c = torch.ones_like(a), torch.ones_like(b)
+            for _ in range(n):
+                r0 = r
+                r = a / torch.matmul(K, c.unsqueeze(-1)).squeeze(-1)
+                c = b / torch.matmul(K.transpose(-1, -2), r.unsqueeze(-1)).squeeze(-1)
+                errs.append((r - r0).abs().mean().item())
+        else:
+            b = torch.full((p, n_), 1.0 / n_) * torch.clamp(a.sum(-1, keepdim=True), max=0.8)
+            Kp = (1.0 / a).unsqueeze(-1) * K
+            Kq = (1.0 / b).unsqueeze(-1) * K.transpose(-1, -2)
+            u = ones_m = torch.ones_like(a)
+            v = torch.ones_like(b)
+            for _ in range(n):
+                v0 = v
+                u = torch.minimum(1.0 / torch.matmul(Kp, v.unsqueeze(-1)).squeeze(-1), ones_m)
+                v = 1.0 / torch.matmul(Kq, u.unsqueeze(-1)).squeeze(-1)
+                errs.append((v - v0).abs().mean().item())
+        return errs
+
+
+@pytest.mark.parametrize("per_problem_stop", [True, False])
+@pytest.mark.parametrize("OT", ["COT", "Sinkhorn"])
+def test_host_syncs_per_call(OT, per_problem_stop):
+    new, old = SOLVERS[OT]
+    p, t = _features(21, b=3, m=10, c=4)
+    cost = 1 - similarity(p, t)
+    for max_iter in (1, 2, 7, 16, 17, 100):
+        kw = dict(thresh=0.0, max_iter=max_iter, per_problem_stop=per_problem_stop)  # never stops: the worst case
+        ref, n_old = _syncs(old, cost, **kw)
+        assert n_old == max_iter  # before: one read per iteration
+        for check_every in (1, 2, 4, 10, 16):
+            T, n = _syncs(new, cost, **kw, check_every=check_every)
+            assert _same_bits(T, ref)
+            assert n == _reads(max_iter, check_every) <= max_iter - 1
+            assert n <= math.ceil(math.log2(check_every)) + (max_iter - 1) // check_every
+    # the defaults (max_iter 100, check_every 16 off the CPU: pretend the CPU syncs): 10 reads instead of 100
+    # in the loop, and ot_plan adds one for its finiteness check
+    kw = dict(thresh=0.0, per_problem_stop=per_problem_stop)
+    _, n_old = _syncs(old, cost, **kw)
+    _, n_cpu = _syncs(new, cost, **kw)
+    assert (n_old, n_cpu) == (100, 99)  # on the CPU, where a read costs nothing, the default reads every iteration
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fedotp_math, "_NO_SYNC_DEVICES", frozenset())
+        _, n = _syncs(new, cost, **kw)
+        assert n == _reads(100, fedotp_math.CHECK_EVERY) == 10
+        T, n_plan = _syncs(ot_plan, 1 - cost, ot=OT, **kw)
+        assert n_plan == 11 and _same_bits(T, old(cost, **kw, **({"top_percent": 0.8} if OT == "COT" else {})))
+        # an early stop leaves the loop at the next check: at the default thresh it reads a few times only
+        _, n_early = _syncs(ot_plan, 1 - cost, ot=OT, per_problem_stop=per_problem_stop)
+        _, n_early_old = _syncs(old, cost, per_problem_stop=per_problem_stop)
+        assert n_early <= min(n_early_old, 11)
+
+
+def test_check_every_default_and_errors():
+    cost = torch.rand(2, 5, 2)
+    assert fedotp_math._resolve_check_every(None, cost) == 1  # CPU
+    assert fedotp_math._resolve_check_every(None, torch.empty(2, 5, 2, device="meta")) == fedotp_math.CHECK_EVERY
+    assert fedotp_math._resolve_check_every(3, cost) == 3
+    # while autograd records through the cost: a read every iteration, so the graph is the plain loop's
+    grad_cost = torch.empty(2, 5, 2, device="meta", requires_grad=True)
+    assert fedotp_math._resolve_check_every(None, grad_cost) == 1
+    with torch.no_grad():
+        assert fedotp_math._resolve_check_every(None, grad_cost) == fedotp_math.CHECK_EVERY
+    for solver in (balanced_ot_plan, partial_ot_plan):
+        with pytest.raises(ValueError):
+            solver(cost, check_every=0)
+    checks = [it for it in range(1, 101) if fedotp_math._is_check(it, 16, 100)]
+    assert checks == [1, 2, 4, 8, 16, 32, 48, 64, 80, 96]
+    assert [it for it in range(1, 31) if fedotp_math._is_check(it, 10, 31)] == [1, 2, 4, 8, 10, 20, 30]
+
+
+@pytest.mark.parametrize("OT", ["COT", "Sinkhorn"])
+def test_gradient_unchanged_by_default(OT):
+    # with autograd recording, the default reads every iteration: the same graph, the same gradient bits
+    new, old = SOLVERS[OT]
+    w = torch.randn(3, 4, 10, 2, generator=torch.Generator().manual_seed(22))
+    p, t = _features(22, b=3, m=10, c=4)
+    for per_problem_stop in (True, False):
+        grads = []
+        for solver in (new, old):
+            cost = (1 - similarity(p, t)).requires_grad_()
+            (w * solver(cost, per_problem_stop=per_problem_stop)).sum().backward()
+            grads.append(cost.grad)
+        assert _same_bits(*grads)
