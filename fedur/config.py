@@ -185,7 +185,10 @@ class RunConfig:
     """CPU compute threads per rank; null: CPU cores / ranks on this node. Fix it to compare runs bitwise
     across different placements of clients on ranks."""
     deterministic: bool = True
-    """Use deterministic algorithms (torch.use_deterministic_algorithms)."""
+    """Deterministic kernels only (torch.use_deterministic_algorithms, strictly; on CUDA the math attention
+    kernel and a fixed cuBLAS workspace): a rerun and a resume give the same bits, also on a GPU
+    (docs/checkpoints.md says what is promised). An operation without a deterministic kernel then stops the
+    run naming it; false lets such operations run, and results vary in the last bits."""
     log_every_n_steps: NonNegativeInt = 0
     """Also print the local training loss every n optimizer steps (0: only per round)."""
     progress: bool = True

@@ -85,13 +85,35 @@ class LaunchEnv:
         )
 
     def resolved_precision(self, settings: FabricConfig) -> str:
-        """The precision the run computes in: `fabric run --precision`, else `fabric.precision`, where
-        auto is bf16-mixed on CUDA and 32-true on CPU (bf16 matmuls on CPUs without AMX are 20-45x slower)."""
+        """The precision the run computes in: `fabric run --precision`, else `fabric.precision`, where auto is
+        bf16-mixed on a GPU with bf16 units (compute capability 8.0 and later: A100, H100, ...) and 32-true on
+        older GPUs (where bf16 is emulated, slower than float32) and on CPU (bf16 matmuls on CPUs without AMX
+        are 20-45x slower)."""
         if self.precision is not None:
             return SUPPORTED_PRECISION.get(self.precision, self.precision)
         if settings.precision != "auto":
             return settings.precision
-        return "bf16-mixed" if self.uses_cuda(settings) else "32-true"
+        return "bf16-mixed" if self.uses_cuda(settings) and native_bf16() else "32-true"
+
+    def precision_warning(self, settings: FabricConfig) -> str | None:
+        """A warning for bf16-mixed asked for on a GPU that only emulates bf16 (None: nothing to say)."""
+        if self.resolved_precision(settings) == "bf16-mixed" and self.uses_cuda(settings) and not native_bf16():
+            return ("bf16-mixed on a GPU without bf16 units (compute capability < 8.0) is emulated and slower than "
+                    "32-true; fabric.precision auto picks 32-true there")
+        return None
+
+
+def native_bf16() -> bool:
+    """Whether the (first visible) GPU computes bf16 natively. Reads the device's properties without creating a
+    context on it."""
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def nccl_environment(environ: dict = os.environ) -> None:
+    """Blocking waits for NCCL collectives: a failed or timed-out collective then raises in the thread that
+    called it (fedur's one-line error, federated/collectives.py) instead of ending the process from NCCL's
+    watchdog thread. fedur reads every exchanged tensor back at once, so nothing overlaps that could be lost."""
+    environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
 
 
 def _under_slurm() -> bool:
@@ -106,6 +128,8 @@ def make_fabric(settings: FabricConfig, env: LaunchEnv, wait_timeout: float = 10
     from lightning import Fabric
     from lightning.fabric.strategies import DDPStrategy
 
+    if env.uses_cuda(settings):
+        nccl_environment()  # read when the process group is made: by Fabric(...) under `fabric run`
     strategy = env.strategy or settings.strategy
     if strategy in ("auto", "ddp", "ddp_spawn") and env.expected_world_size(settings) > 1:
         os.environ.pop("LT_STRATEGY", None)  # `fabric run --strategy ddp`: the same strategy, built here
@@ -131,3 +155,31 @@ def set_threads(fabric, threads: int | None) -> int:
     threads = threads or max(1, cores // ranks_here)
     torch.set_num_threads(threads)
     return threads
+
+
+def set_determinism(enabled: bool, device: torch.device) -> None:
+    """run.deterministic: every kernel of the run deterministic, or a RuntimeError naming the one that is not.
+
+    `torch.use_deterministic_algorithms(True)` strictly (with `warn_only`, kernels without a deterministic
+    form warn once and stay nondeterministic); on CUDA also the math attention backend only: the flash,
+    memory-efficient and cuDNN kernels of scaled_dot_product_attention (open_clip's attention, fedur's text
+    tower) have backward passes whose sums depend on the launch, so a resumed run, a rerun and another
+    placement would differ in the last bits. On the CPU the attention kernels are deterministic and stay as
+    they are (so are CPU results: bitwise those of earlier versions). CUBLAS_WORKSPACE_CONFIG must be set
+    before CUDA starts: `deterministic_environment` does that before the launch.
+    """
+    if not enabled:
+        return
+    torch.use_deterministic_algorithms(True)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.backends.cuda.enable_math_sdp(True)
+
+
+def deterministic_environment(enabled: bool, environ: dict = os.environ) -> None:
+    """What cuBLAS needs before CUDA starts for deterministic matmuls (a fixed workspace per stream)."""
+    if enabled:
+        environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -21,8 +21,8 @@ import re
 import time
 from argparse import ArgumentError
 from dataclasses import fields
+from pathlib import Path
 
-import torch
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance, set_parsing_settings
 
@@ -31,9 +31,9 @@ from fedur.config import GROUPS, PLUGINS, Config, result_settings
 from fedur.data.datasets import Dataset, DataUnavailableError, ImageFolder
 from fedur.data.partition import PartitionError
 from fedur.data.split_file import count_clients
-from fedur.federated.collectives import CollectiveError
+from fedur.federated.collectives import CollectiveError, Collectives
 from fedur.labels import Labeller
-from fedur.launch_env import LaunchEnv, make_fabric, set_threads
+from fedur.launch_env import LaunchEnv, deterministic_environment, make_fabric, set_determinism, set_threads
 from fedur.methods import FedUR, Method
 from fedur.model.clip import ModelUnavailableError, check_model
 from fedur.train import faults
@@ -266,6 +266,8 @@ def validate(cfg: Config, env: LaunchEnv) -> None:
               file=sys.stderr)
     if env.precision_error():
         raise ConfigError(env.precision_error())
+    if env.precision_warning(cfg.fabric) and env.is_rank_zero:
+        print(f"fedur: warning: {env.precision_warning(cfg.fabric)}", file=sys.stderr)
     try:
         faults.injected()
     except ValueError as err:
@@ -284,24 +286,48 @@ def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
     cfg.fabric.precision = env.resolved_precision(cfg.fabric)  # recorded resolved: auto is not the same on CPU and GPU
     cfg.settings["fabric"]["precision"] = cfg.fabric.precision
     run = cfg.run
-    run_dir, resume = run_dirs.resolve(
-        run.output_dir, run.resume, run.force_resume, cfg.federation.num_clients, result_settings(cfg.settings)
-    )
-    if run.resume == "auto" and resume is None and env.is_rank_zero and run_dir.root.is_dir():
-        removed = run_dir.clear_without_commit()  # a job that died before its first commit starts over
-        if removed:
-            print(f"fedur: {run_dir.root} holds no committed round; starting over (removed {', '.join(removed)})")
-    if run.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_environment(run.deterministic)
     fabric = make_fabric(cfg.fabric, env, run.wait_timeout)
     set_threads(fabric, run.threads)
-    if run_dir is None:  # a new run directory, named by rank 0's clock
-        run_dir = run_dirs.RunDir(fabric.broadcast(os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")), src=0))
-        run_dir.check_new()
-    requeue_on = tuple(run.requeue_on) if fabric.is_global_zero else ()
-    with StopRequest(requeue_on=requeue_on, requeue_deadline=run.requeue_deadline) as stop:  # stop after a commit
-        return fit(fabric, cfg, run_dir, config_yaml, resume, stop)
+    set_determinism(run.deterministic, fabric.device)
+    root = run_dirs.target(run.output_dir, run.resume)
+    if root is None:  # a new run directory, named by rank 0's clock
+        root = fabric.broadcast(os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")), src=0)
+    claim = claim_run_dir(fabric, root, create=run.resume in (False, "auto"))
+    try:
+        if fabric.world_size > 1 and claim.nonce:  # every node must see the directory rank 0 holds
+            run_dirs.check_shared(Collectives(fabric), root, claim.nonce, fabric.node_rank)
+        run_dir, resume = run_dirs.resolve(
+            root, run.resume, run.force_resume, cfg.federation.num_clients, result_settings(cfg.settings)
+        )
+        claim.keep()
+        if run.resume == "auto" and resume is None and fabric.is_global_zero and run_dir.root.is_dir():
+            removed = run_dir.clear_without_commit()  # a job that died before its first commit starts over
+            if removed:
+                print(f"fedur: {run_dir.root} holds no committed round; starting over (removed {', '.join(removed)})")
+        requeue_on = tuple(run.requeue_on) if fabric.is_global_zero else ()
+        with StopRequest(requeue_on=requeue_on, requeue_deadline=run.requeue_deadline) as stop:  # stop after a commit
+            return fit(fabric, cfg, run_dir, config_yaml, resume, stop)
+    finally:
+        claim.release()
+
+
+def claim_run_dir(fabric, root: str, create: bool) -> run_dirs.Claim:
+    """Rank 0 takes the run directory (run_dir.claim) and tells every rank how that went: its nonce, or the
+    error every rank then raises (so that the error is printed once and no rank waits for the others)."""
+    claim, outcome = run_dirs.Claim(Path(root)), {"nonce": "", "error": None}
+    if fabric.is_global_zero:
+        try:
+            claim = run_dirs.claim(root, create)
+            outcome["nonce"] = claim.nonce
+        except run_dirs.RunDirError as err:
+            outcome["error"] = str(err)
+    if fabric.world_size > 1:
+        outcome = fabric.broadcast(outcome, src=0)
+    if outcome["error"] is not None:
+        raise run_dirs.RunDirError(outcome["error"])
+    claim.nonce = outcome["nonce"]
+    return claim
 
 
 def check_data(cfg: Config) -> None:

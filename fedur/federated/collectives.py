@@ -42,6 +42,14 @@ class CollectiveError(RuntimeError):
     """Ranks disagree on a collective, or a peer died or timed out; the message says which."""
 
 
+class DeviceMemoryError(CollectiveError):
+    """A collective ran out of device memory on this rank (its peers are not at fault)."""
+
+
+def first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
 class Communicator(Protocol):
     """What fedur needs from Lightning Fabric (or a fake in unit tests)."""
 
@@ -77,15 +85,19 @@ class Collectives:
         Every rank must call this, also with no local values (`like` gives shape and dtype; every value
         must match it). `what` names the exchange in error messages.
         """
-        out = torch.zeros((num_clients, *like.shape), dtype=like.dtype, device=self.comm.device)
+        if like.dtype not in DTYPES:
+            raise CollectiveError(f"{what}: dtype {like.dtype} cannot be exchanged (NCCL takes {', '.join(map(str, DTYPES))})")
+        out = torch.zeros((num_clients, *like.shape), dtype=like.dtype, device=self.comm.device)  # contiguous
         for client_id, value in values.items():
-            if value.shape != like.shape:
-                raise CollectiveError(f"{what}: client {client_id} sends shape {tuple(value.shape)}, expected {tuple(like.shape)}")
+            if value.shape != like.shape or value.dtype != like.dtype:
+                raise CollectiveError(f"{what}: client {client_id} sends {tuple(value.shape)} {value.dtype}, expected "
+                                      f"{tuple(like.shape)} {like.dtype}")
             out[client_id] = value.to(self.comm.device)
-        if self.comm.world_size > 1:
-            self._agree(what, out)
-            out = self._call(what, lambda: self.comm.all_reduce(out, reduce_op="sum"))
-        return out.cpu()
+        if self.comm.world_size == 1:
+            return out.cpu()
+        self._agree(what, out)
+        # The copy to the host is where an asynchronous NCCL failure surfaces: inside the error handling too.
+        return self._call(what, lambda: self.comm.all_reduce(out, reduce_op="sum").cpu())
 
     def gather_ranks(self, value: Tensor, what: str) -> Tensor:
         """(world_size, *shape): row r is rank r's `value` (the same shape and dtype on every rank)."""
@@ -95,7 +107,7 @@ class Collectives:
         """The largest of every rank's `value`, on every rank."""
         if self.comm.world_size == 1:
             return value
-        return int(self.gather_ranks(torch.tensor(value), what).max())
+        return int(self.gather_ranks(torch.tensor(value, device="cpu"), what).max())
 
     def barrier(self, what: str = "barrier") -> None:
         if self.comm.world_size > 1:
@@ -104,7 +116,7 @@ class Collectives:
     def _agree(self, what: str, tensor: Tensor) -> None:
         self.calls += 1
         mine = signature(self.calls, what, tensor).to(self.comm.device)
-        every = self._call(what, lambda: self.comm.all_gather(mine)).cpu()  # (world_size, len)
+        every = self._call(what, lambda: self.comm.all_gather(mine).cpu())  # (world_size, len)
         if not bool((every == every[0]).all()):
             rows = "; ".join(f"rank {r}: {describe(row)}" for r, row in enumerate(every.tolist()))
             raise CollectiveError(
@@ -117,10 +129,15 @@ class Collectives:
             return fn()
         except CollectiveError:
             raise
+        except torch.OutOfMemoryError as err:  # before the RuntimeError it is: not a peer's failure
+            raise DeviceMemoryError(
+                f"{what} ran out of device memory on rank {self.comm.global_rank} ({first_line(err)}); fewer "
+                "clients per rank, a smaller run.clients_per_step or optim.eval_batch_size leave more room"
+            ) from err
         except RuntimeError as err:  # gloo/NCCL: a peer closed the connection, or the timeout passed
             raise CollectiveError(
                 f"{what} failed on rank {self.comm.global_rank}: a peer died, or did not arrive within "
-                f"run.wait_timeout ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+                f"run.wait_timeout ({type(err).__name__}: {first_line(err)})"
             ) from err
 
 
@@ -145,7 +162,7 @@ class Heartbeat:
         import torch.distributed as dist
 
         while True:
-            flag = torch.tensor([1.0 if self.stopping.is_set() else 0.0])
+            flag = torch.tensor([1.0 if self.stopping.is_set() else 0.0], device="cpu")
             try:
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
             except Exception as err:  # a peer died: the main thread may be blocked in a collective for hours
@@ -171,7 +188,7 @@ def signature(call: int, what: str, tensor: Tensor) -> Tensor:
         raise CollectiveError(f"{what}: tensors of more than {MAX_DIMS} dims are not supported")
     shape = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
     code = DTYPES.index(tensor.dtype) if tensor.dtype in DTYPES else len(DTYPES)
-    return torch.tensor([call, zlib.crc32(what.encode()), code, tensor.dim(), *shape], dtype=torch.int64)
+    return torch.tensor([call, zlib.crc32(what.encode()), code, tensor.dim(), *shape], dtype=torch.int64, device="cpu")
 
 
 def describe(row: list[int]) -> str:

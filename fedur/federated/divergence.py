@@ -31,7 +31,7 @@ def drift_diversity(updates: Tensor, weights: Tensor | None = None, normalize_we
     if num_clients < 2:
         return math.nan
     flat = updates.detach().reshape(num_clients, -1).double()
-    lam = torch.ones(num_clients, dtype=torch.float64) if weights is None else weights.detach().double().flatten()
+    lam = torch.ones(num_clients, dtype=torch.float64, device="cpu") if weights is None else weights.detach().double().flatten()
     if normalize_weights:
         lam = lam / lam.sum()
     spread = float((lam * (flat**2).sum(dim=1)).sum())

@@ -126,7 +126,7 @@ class HardLabeller(Labeller):
         indices, labels = self.choose(probs, quotas)
         mask = negative_mask(probs[indices], labels, self.negatives, self.tau_neg)
         if mask is None:  # rules 'online' and 'none' store nothing
-            mask = torch.zeros(len(indices), probs.shape[1], dtype=torch.bool)
+            mask = torch.zeros(len(indices), probs.shape[1], dtype=torch.bool, device="cpu")
         return PseudoLabels(indices, labels, mask, confidence=probs[indices, labels].float())
 
     def loss(self, logits: Tensor, labels: Tensor, mask: Tensor, class_weights: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:

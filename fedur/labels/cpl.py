@@ -156,7 +156,7 @@ def cpl_assign(probs: Tensor, candidates: Tensor, per_class: int | Tensor = 16) 
     uncertainty). This is the deferred-acceptance matching of samples to class pools.
     """
     n, num_classes = probs.shape
-    caps = torch.as_tensor(per_class, dtype=torch.long).expand(num_classes)
+    caps = torch.as_tensor(per_class, dtype=torch.long, device="cpu").expand(num_classes)
     p32 = probs.detach().float()
     uncs = (1 - p32).tolist()
     order = torch.argsort(p32, dim=1, descending=True, stable=True)
@@ -183,7 +183,7 @@ def cpl_assign(probs: Tensor, candidates: Tensor, per_class: int | Tensor = 16) 
                     _, _, evicted = heapq.heapreplace(heap, (-unc, heap[0][1], i))
                     assigned[evicted], assigned[i] = -1, c
         proposers = [i for i in range(n) if assigned[i] < 0 and next_choice[i] < len(prefs[i])]
-    return torch.tensor(assigned, dtype=torch.long)
+    return torch.tensor(assigned, dtype=torch.long, device="cpu")
 
 
 def cpl_select(probs: Tensor, candidates: Tensor, per_class: int | Tensor = 16) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -265,7 +265,7 @@ class CPL(Labeller):
             return self.per_class
         n, num_classes = probs.shape
         k_max = max(1, grip_per_class(n, num_classes, refresh_idx, self.step_quantile))
-        filled = torch.zeros(num_classes, dtype=torch.long)
+        filled = torch.zeros(num_classes, dtype=torch.long, device="cpu")
         if previous is not None and previous.pools is not None:
             filled = torch.bincount(previous.pools, minlength=num_classes)
         if int(filled.max()) > k_max:

@@ -30,7 +30,7 @@ def fpl_select(probs: Tensor, per_class: int = 16, fill_other_classes: bool = Fa
     """
     num_classes = probs.shape[1]
     if not fill_other_classes:
-        return select_top(probs, torch.full((num_classes,), per_class, dtype=torch.long))
+        return select_top(probs, torch.full((num_classes,), per_class, dtype=torch.long, device="cpu"))
     return _menghini_leaderboards(probs, per_class)
 
 
@@ -70,8 +70,8 @@ def _menghini_leaderboards(probs: Tensor, k: int) -> tuple[Tensor, Tensor]:
                 offer(j, score, i)
     pairs = sorted((i, c) for c, board in enumerate(boards) for _, i in board)
     if not pairs:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    out = torch.tensor(pairs, dtype=torch.long)
+        return torch.zeros(0, dtype=torch.long, device="cpu"), torch.zeros(0, dtype=torch.long, device="cpu")
+    out = torch.tensor(pairs, dtype=torch.long, device="cpu")
     return out[:, 0], out[:, 1]
 
 

@@ -34,7 +34,7 @@ def filter_mask(
     Thresholds are per client (FedCoPL `_create_training_dataset_pre`): with q = 0.5 they are the
     client's median confidence and median entropy. Both comparisons are strict.
     """
-    keep = torch.ones(probs.shape[0], dtype=torch.bool)
+    keep = torch.ones(probs.shape[0], dtype=torch.bool, device="cpu")
     if probs.shape[0] == 0:
         return keep
     if confidence:
@@ -96,7 +96,7 @@ def select_top(probs: Tensor, quotas: Tensor) -> tuple[Tensor, Tensor]:
             continue
         order = torch.argsort(probs[members, c], descending=True, stable=True)
         chosen.append(members[order[: int(quotas[c])]])
-    indices = torch.sort(torch.cat(chosen)).values if chosen else torch.zeros(0, dtype=torch.long)
+    indices = torch.sort(torch.cat(chosen)).values if chosen else torch.zeros(0, dtype=torch.long, device="cpu")
     return indices, preds[indices]
 
 
@@ -117,10 +117,10 @@ def negative_mask(probs: Tensor, labels: Tensor, rule: NegativeRule, tau: float)
         mask = probs < tau
     elif rule == "ratio":
         lowest = torch.argsort(probs, dim=-1, stable=True)[:, : math.ceil(tau * num_classes)]
-        mask = torch.zeros(n, num_classes, dtype=torch.bool).scatter_(1, lowest, True)
+        mask = torch.zeros(n, num_classes, dtype=torch.bool, device="cpu").scatter_(1, lowest, True)
     else:
         raise ValueError(f"unknown negative rule {rule!r}")
-    mask[torch.arange(n), labels] = False
+    mask[torch.arange(n, device="cpu"), labels] = False
     return mask
 
 

@@ -37,7 +37,7 @@ def shots_per_class(labels: Tensor, confidence: Tensor, shots: int) -> Tensor:
         members = torch.nonzero(labels == c).flatten()
         order = torch.argsort(confidence[members], descending=True, stable=True)
         keep.append(members[order[:shots]])
-    return torch.sort(torch.cat(keep)).values if keep else torch.zeros(0, dtype=torch.long)
+    return torch.sort(torch.cat(keep)).values if keep else torch.zeros(0, dtype=torch.long, device="cpu")
 
 
 def cache_logits(features: Tensor, keys: Tensor, values: Tensor, alpha: float = 1.0, beta: float = 5.5,

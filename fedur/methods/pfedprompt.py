@@ -89,9 +89,9 @@ class PFedPrompt(Method):
     @torch.no_grad()
     def after_refresh(self, client: ClientState, data: ClientData) -> None:
         labels = client.pseudo_labels
-        positions = torch.arange(len(labels.labels))  # into the selection
+        positions = torch.arange(len(labels.labels), device="cpu")  # into the selection
         if self.cache_shots is not None:
-            confidence = labels.confidence if labels.confidence is not None else torch.zeros(len(labels.labels))
+            confidence = labels.confidence if labels.confidence is not None else torch.zeros(len(labels.labels), device="cpu")
             positions = shots_per_class(labels.labels, confidence, self.cache_shots)
         rows = labels.indices[positions]  # the cached samples' positions in the client's train images
         keys, _ = build_cache(data.train_features(client, rows.numpy()), labels.labels[positions], data.model.num_classes)

@@ -18,6 +18,6 @@ def proximal_term(params: list[Tensor], anchors: list[Tensor], mu: float) -> Ten
     if len(params) != len(anchors):
         raise ValueError(f"{len(params)} parameters but {len(anchors)} anchors")
     if not params:
-        return torch.zeros(())
+        return torch.zeros((), device="cpu")
     total = sum(((p - a.detach().to(device=p.device, dtype=p.dtype)) ** 2).sum() for p, a in zip(params, anchors))
     return (mu / 2) * total

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from fedur.model.clip import FrozenCLIP, encode_image_prompted, encode_text_embeddings, vision_width_and_depth
 from fedur.model.precision import full_precision
 from fedur.model.prompts import TextPrompt, init_prompt
-from fedur.model.text_tower import encode_text_shared_prefix
+from fedur.model.text_tower import check_shared_prefix, encode_text_shared_prefix
 
 
 class PromptedCLIP(nn.Module):
@@ -61,6 +61,10 @@ class PromptedCLIP(nn.Module):
         self.visual_prompt.requires_grad_(visual_tokens > 0)
         self.text_local = nn.Parameter(init_prompt((n_ctx, text_width), init_std, seed=seed * 1000 + 3)) if local_text else None
         self.scale = float(self.clip.logit_scale.exp())  # the frozen logit scale as a number: read without a device sync
+        # The class prompts' token ids stay on the CPU too (not a buffer): the text tower works out its packing from
+        # them, and its mask check is done here, so no pass on a device reads anything back.
+        self.host_tokens = self.text_prompt.tokens.clone()
+        check_shared_prefix(self.clip, 1 + n_ctx, self.host_tokens.shape[1])
         self.shared_prefix_text = True  # text tower: encode the class-independent prefix once (exact)
         self.normalize: Callable[[Tensor], Tensor] = _identity
         self.zero_shot_text: Tensor | None = None  # (C, D) the template's class features, set by the round loop
@@ -97,7 +101,7 @@ class PromptedCLIP(nn.Module):
         embeddings = self.text_prompt(ctx)  # (C, L, width) or (G, C, L, width)
         tokens = self.text_prompt.tokens
         if self.shared_prefix_text:
-            features = encode_text_shared_prefix(self.clip, embeddings, tokens, 1 + self.text_prompt.ctx.shape[0])
+            features = encode_text_shared_prefix(self.clip, embeddings, tokens, 1 + self.text_prompt.ctx.shape[0], self.host_tokens)
         elif embeddings.dim() == 4:  # every class of every context in one batch
             n_groups, n_cls, length, width = embeddings.shape
             flat = embeddings.reshape(n_groups * n_cls, length, width)

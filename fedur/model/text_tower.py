@@ -37,7 +37,8 @@ _CAUSAL_CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, int]]] = we
 _WARNED: set[str] = set()
 
 
-def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens: Tensor, n_shared: int) -> Tensor:
+def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens: Tensor, n_shared: int,
+                              host_tokens: Tensor | None = None) -> Tensor:
     """`encode_text_embeddings(clip_model, embeddings, tokens)` with the first `n_shared` positions
     computed once for all classes: (C, embed_dim), unnormalised; or for G contexts at once, (G, C, embed_dim).
 
@@ -52,7 +53,9 @@ def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens:
     QKV and output projections, MLP) runs on those tokens packed, without padding; only attention
     sees them padded to the longest class. Nothing after a class's pooled position can reach it under
     the causal mask, so the padding never matters. The packing is worked out from `tokens` on the
-    host once per tokens tensor (one device-to-host copy on an accelerator, then cached).
+    host once per tokens tensor (one device-to-host copy on an accelerator, then cached), or from
+    `host_tokens`, the same ids kept on the CPU (then nothing is read back from the device; with
+    `check_shared_prefix` called on the CPU model first, no call reads anything back).
 
     Falls back to `encode_text_embeddings` (with a one-time warning) where the trick does not apply:
     n_shared outside [1, L), no causal attention mask, or blocks other than open_clip's default
@@ -70,7 +73,7 @@ def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens:
         flat = encode_text_embeddings(clip_model, embeddings.reshape(n_groups * n_cls, length, width), tokens.repeat(n_groups, 1))
         return flat.view(n_groups, n_cls, -1)
 
-    layout = _layout(clip_model, tokens, n_shared, embeddings.device)
+    layout = _layout(clip_model, tokens if host_tokens is None else host_tokens, n_shared, embeddings.device)
     cast_dtype = clip_model.transformer.get_cast_dtype()
     pos = clip_model.positional_embedding[:length].to(cast_dtype)
     if not grouped:
@@ -133,19 +136,19 @@ def _pool_index(clip_model: nn.Module, tokens: Tensor) -> Tensor:
     if pool_type == "eos":
         return (tokens == clip_model.text_eos_id).int().argmax(dim=-1)
     if pool_type == "first":
-        return torch.zeros(n_cls, dtype=torch.long)
+        return torch.zeros(n_cls, dtype=torch.long, device="cpu")
     if pool_type == "last":
-        return torch.full((n_cls,), length - 1, dtype=torch.long)
+        return torch.full((n_cls,), length - 1, dtype=torch.long, device="cpu")
     raise ValueError(f"text_pool_type={pool_type!r}")  # rejected earlier by _unsupported
 
 
 def _make_layout(index: Tensor, length: int, n_shared: int, device: torch.device) -> _Layout:
     n_cls, n_own = index.shape[0], length - n_shared
-    keep = torch.arange(n_own).unsqueeze(0) <= (index - n_shared).unsqueeze(1)  # (C, T): up to the EOT
+    keep = torch.arange(n_own, device="cpu").unsqueeze(0) <= (index - n_shared).unsqueeze(1)  # (C, T): up to the EOT
     flat = keep.flatten().nonzero().squeeze(1)  # (N,)
-    packed_row = torch.full((n_cls * n_own,), -1, dtype=torch.long)
-    packed_row[flat] = torch.arange(flat.numel())
-    own_row = packed_row.view(n_cls, n_own)[torch.arange(n_cls), (index - n_shared).clamp(min=0)]
+    packed_row = torch.full((n_cls * n_own,), -1, dtype=torch.long, device="cpu")
+    packed_row[flat] = torch.arange(flat.numel(), device="cpu")
+    own_row = packed_row.view(n_cls, n_own)[torch.arange(n_cls, device="cpu"), (index - n_shared).clamp(min=0)]
     pooled = torch.where(index >= n_shared, n_shared + own_row, index.clamp(max=n_shared - 1))
     packed = None if flat.numel() == n_cls * n_own else flat.to(device)
     return _Layout(n_shared, n_cls, n_own, packed, pooled.to(device))
@@ -189,6 +192,13 @@ def _float_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     if mask.dtype == torch.bool:  # True: not allowed to attend (nn.MultiheadAttention's convention)
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
     return mask.to(dtype)
+
+
+def check_shared_prefix(clip_model: nn.Module, n_shared: int, length: int) -> str | None:
+    """Why the shared-prefix path cannot run on this model, prefix and prompt length (None: it can). Its one
+    read of the attention mask is remembered for the model, so calling this before the model moves to a device
+    spares the device a read back."""
+    return _unsupported(clip_model, n_shared, length)
 
 
 def _unsupported(clip_model: nn.Module, n_shared: int, length: int) -> str | None:

@@ -24,7 +24,7 @@ def predict(fabric: Fabric, classify: Callable[[Tensor], Tensor], loader: DataLo
         logits.append(classify(fabric.to_device(images)).float().cpu())  # device-to-host copy per batch
         labels.append(batch_labels)
     if not logits:
-        return torch.zeros(0, num_classes), torch.zeros(0, dtype=torch.long)
+        return torch.zeros(0, num_classes, device="cpu"), torch.zeros(0, dtype=torch.long, device="cpu")
     return torch.cat(logits), torch.cat(labels)
 
 
@@ -32,7 +32,7 @@ def confusion_matrix(logits: Tensor, labels: Tensor) -> Tensor:
     """(C, C) int64 counts of the top-1 predictions, rows the true class, columns the predicted one."""
     num_classes = logits.shape[-1]
     if len(labels) == 0:
-        return torch.zeros(num_classes, num_classes, dtype=torch.long)
+        return torch.zeros(num_classes, num_classes, dtype=torch.long, device="cpu")
     return multiclass_confusion_matrix(logits.argmax(dim=-1), labels, num_classes, validate_args=False).long()
 
 
@@ -47,12 +47,12 @@ def evaluate_clients(rank: Rank, zero_shot: bool = False, with_confusion: bool =
     confusion matrices from the same pass (else None). Without test labels every count is 0 (the accuracies
     are absent, None) and there is no confusion matrix. Every rank calls this."""
     if not rank.dataset.test.labelled:
-        return torch.zeros(rank.num_clients, 2, dtype=torch.long), None  # the same on every rank: nothing to exchange
+        return torch.zeros(rank.num_clients, 2, dtype=torch.long, device="cpu"), None  # the same on every rank: nothing to exchange
     confusions = {k: confusion_matrix(logits, labels) for k, (logits, labels) in rank.predict("test", zero_shot).items()}
     counts = {k: correct_and_total(matrix) for k, matrix in confusions.items()}
-    accuracy = rank.gather(counts, like=torch.zeros(2, dtype=torch.long), what="test accuracy counts")
+    accuracy = rank.gather(counts, like=torch.zeros(2, dtype=torch.long, device="cpu"), what="test accuracy counts")
     if not with_confusion:
         return accuracy, None
     num_classes = rank.model.num_classes
-    like = torch.zeros(num_classes, num_classes, dtype=torch.long)
+    like = torch.zeros(num_classes, num_classes, dtype=torch.long, device="cpu")
     return accuracy, rank.gather(confusions, like=like, what="confusion matrices")

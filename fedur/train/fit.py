@@ -80,8 +80,8 @@ def fit(
     method, labeller = rank.method, rank.tuner.labeller
     server = ServerState({name: t.cpu() for name, t in method.init_shared(rank.model).items()})  # uploads gather on CPU
     histogram_bytes = (2 if labeller is not None and labeller.cooperative else 1) * rank.model.num_classes * INT64_BYTES
-    train_sizes = rank.gather({c.client_id: torch.tensor(len(c.train_indices)) for c in rank.clients},
-                              like=torch.tensor(0), what="train sizes")
+    train_sizes = rank.gather({c.client_id: torch.tensor(len(c.train_indices), device="cpu") for c in rank.clients},
+                              like=torch.tensor(0, device="cpu"), what="train sizes")
     if resumed is None:
         recorder.record_zero_shot(evaluate_clients(rank, zero_shot=True)[0])
     else:
@@ -112,7 +112,7 @@ def fit(
         exchange(rank, server, weights)
         clock.lap("aggregate")
         accuracy, confusion = evaluate_clients(rank, with_confusion=round_idx == rounds - 1)
-        losses = rank.gather(local_losses, like=torch.zeros(4, dtype=torch.float64), what="local losses")
+        losses = rank.gather(local_losses, like=torch.zeros(4, dtype=torch.float64, device="cpu"), what="local losses")
         clock.lap("evaluate")
 
         uploads = (weights > 0) * server.upload_bytes() + (histogram_bytes if refreshed else 0)
@@ -151,7 +151,7 @@ def fit(
 def gather_placement(rank: Rank) -> dict:
     """placement.json: which node and local rank every rank is, and the clients it hosts."""
     fabric = rank.fabric
-    hosts = rank.collectives.gather_ranks(torch.tensor([fabric.node_rank, fabric.local_rank]), what="placement")
+    hosts = rank.collectives.gather_ranks(torch.tensor([fabric.node_rank, fabric.local_rank], device="cpu"), what="placement")
     environment = getattr(fabric.strategy, "cluster_environment", None)
     name = type(environment).__name__ if environment is not None else None
     return placement_table(rank.num_clients, [tuple(host) for host in hosts.tolist()], name, rank.work.clients_per_step)
@@ -181,7 +181,8 @@ def train_clients(rank: Rank, round_idx: int, weights: Tensor, server: ServerSta
         for client, result in zip(unit, train_unit(rank, unit, round_idx, starts)):
             client.optimizer_state = result.optimizer_state if mode == "client" else None
             server.carried_optimizer = result.optimizer_state if mode == "shared" else None
-            losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg, result.lr], dtype=torch.float64)
+            losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg, result.lr],
+                                                    dtype=torch.float64, device="cpu")
         if len(losses) == len(unit):  # after the rank's first unit
             faults.point("train", round_idx, rank.fabric.global_rank)
     return losses

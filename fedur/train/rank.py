@@ -90,12 +90,12 @@ class Rank:
 
     def _predict_unit(self, unit: list[ClientState], split: str, zero_shot: bool, show: bool) -> dict[int, tuple[Tensor, Tensor]]:
         indices = [c.train_indices if split == "train" else c.test_indices for c in unit]
-        sizes = torch.tensor([len(i) for i in indices])
-        owners = torch.repeat_interleave(torch.arange(len(unit)), sizes)  # (n,) the unit's client of each image
-        positions = torch.cat([torch.arange(len(i)) for i in indices])  # (n,) its position among its client's
+        sizes = torch.tensor([len(i) for i in indices], device="cpu")
+        owners = torch.repeat_interleave(torch.arange(len(unit), device="cpu"), sizes)  # (n,) the unit's client of each image
+        positions = torch.cat([torch.arange(len(i), device="cpu") for i in indices])  # (n,) its position among its client's
         rows = np.concatenate(indices)
         data = getattr(self.dataset, split)
-        true = torch.from_numpy(data.labels[rows]) if data.labelled else torch.full((len(rows),), UNLABELLED)
+        true = torch.from_numpy(data.labels[rows]) if data.labelled else torch.full((len(rows),), UNLABELLED, device="cpu")
         plan = in_batches(np.arange(len(rows)), self.work.eval_batch_size)  # positions in the unit's pass
         batches = zip(self.images.batches(split, [rows[b] for b in plan]), plan)
         if show:
@@ -123,8 +123,8 @@ class Rank:
                     labels[i].append(part_labels)
         num_classes = model.num_classes
         return {
-            c.client_id: (torch.cat(logits[i]) if logits[i] else torch.zeros(0, num_classes),
-                          torch.cat(labels[i]) if labels[i] else torch.zeros(0, dtype=torch.long))
+            c.client_id: (torch.cat(logits[i]) if logits[i] else torch.zeros(0, num_classes, device="cpu"),
+                          torch.cat(labels[i]) if labels[i] else torch.zeros(0, dtype=torch.long, device="cpu"))
             for i, c in enumerate(unit)
         }
 
@@ -137,4 +137,4 @@ class Rank:
         with self.fabric.autocast():
             for images in self.images.batches("train", in_batches(indices, self.work.eval_batch_size)):
                 features.append(self.model.image_features(self.fabric.to_device(images), prompted=False).float().cpu())
-        return torch.cat(features) if features else torch.zeros(0, self.model.zero_shot_text.shape[-1])
+        return torch.cat(features) if features else torch.zeros(0, self.model.zero_shot_text.shape[-1], device="cpu")

@@ -49,7 +49,7 @@ def refresh_pseudo_labels(
     quotas = None
     if labeller.cooperative:
         estimated = {k: labeller.estimate(p) for k, p in probs.items()}
-        like = torch.zeros(num_classes, dtype=torch.long)
+        like = torch.zeros(num_classes, dtype=torch.long, device="cpu")
         all_estimated = rank.gather(estimated, like, what="pseudo-label histograms")  # the clients' only upload
         quotas = labeller.allocate(all_estimated, n_total, refresh_idx)
     local = {}
@@ -63,7 +63,7 @@ def refresh_pseudo_labels(
         counts = torch.bincount(chosen.labels, minlength=num_classes)
         local[client.client_id] = torch.cat([counts, label_hits(chosen, client.train_indices, train_labels),
                                              agreement(previous, chosen)])
-    gathered = rank.gather(local, torch.zeros(num_classes + 4, dtype=torch.long), what="selected counts")
+    gathered = rank.gather(local, torch.zeros(num_classes + 4, dtype=torch.long, device="cpu"), what="selected counts")
     selected, hits, agreed = gathered[:, :num_classes], gathered[:, num_classes:num_classes + 2], gathered[:, num_classes + 2:]
     if quotas is None:
         all_estimated = quotas = selected
@@ -74,15 +74,15 @@ def refresh_pseudo_labels(
 def label_hits(chosen: PseudoLabels, train_indices: np.ndarray, train_labels: np.ndarray | None) -> Tensor:
     """(2,) [selected samples whose pseudo-label is the true label, selected samples]; zeros without labels."""
     if train_labels is None:
-        return torch.zeros(2, dtype=torch.long)
+        return torch.zeros(2, dtype=torch.long, device="cpu")
     truth = torch.from_numpy(train_labels[train_indices[chosen.indices.numpy()]])
-    return torch.tensor([int((chosen.labels == truth).sum()), len(chosen.labels)])
+    return torch.tensor([int((chosen.labels == truth).sum()), len(chosen.labels)], device="cpu")
 
 
 def agreement(previous: PseudoLabels | None, chosen: PseudoLabels) -> Tensor:
     """(2,) [samples selected at both refreshes with the same pseudo-label, samples selected at both]."""
     if previous is None:
-        return torch.zeros(2, dtype=torch.long)
+        return torch.zeros(2, dtype=torch.long, device="cpu")
     before = dict(zip(previous.indices.tolist(), previous.labels.tolist()))
     both = [(before[i], label) for i, label in zip(chosen.indices.tolist(), chosen.labels.tolist()) if i in before]
-    return torch.tensor([sum(a == b for a, b in both), len(both)])
+    return torch.tensor([sum(a == b for a, b in both), len(both)], device="cpu")
