@@ -20,9 +20,11 @@ from fedur.data.images import (
     ImageDataset,
     check_every_class,
     check_images_exist,
+    numbered_lines,
     path_split,
-    read_lines,
+    read_class_names,
     read_path_label_lines,
+    read_text,
     require_dir,
     require_file,
 )
@@ -65,7 +67,7 @@ def load_dtd(root: Path) -> ImageDataset:
     root/{train,val,test}/<path>: the images. Train = train.txt + val.txt, test = test.txt."""
     check_dtd(root)
     names_file = root / "class_names.txt"
-    names = _names(read_lines(names_file))
+    names = _names(read_class_names(names_file))
 
     def image_path(stem: str, listed: str) -> str:
         return f"{stem}/{listed.split('@')[-1]}"
@@ -104,7 +106,7 @@ def check_resisc45(root: Path) -> None:
 
 def _read_coco(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
         if not isinstance(data.get("images"), list):
             raise TypeError("no 'images' list")
         return data
@@ -183,7 +185,7 @@ def check_cub(root: Path) -> None:
 def _id_table(path: Path, columns: int = 2) -> dict[str, str]:
     """'<id> <value>' lines as {id: value}."""
     table = {}
-    for number, line in enumerate(read_lines(path), start=1):
+    for number, line in numbered_lines(path):
         fields = line.split(maxsplit=columns - 1)
         if len(fields) != columns:
             raise DataUnavailableError(f"{path}:{number}: expected '<id> <value>', found {line!r}")
@@ -269,7 +271,7 @@ def load_ucf101(root: Path, include_val: bool = False) -> ImageDataset:
     check_ucf101(root)
     if not (root / UCF101_COOP_SPLIT).is_file():
         names_file = root / "class_names.txt"
-        names = _names(read_lines(names_file))
+        names = _names(read_class_names(names_file))
 
         def image_path(stem: str, listed: str) -> str:
             return f"{stem}/{'/'.join(listed.rsplit('/', 2)[-2:])}"
@@ -308,7 +310,7 @@ class UCF101(Dataset):
 def _load_ucf101_coop(root: Path, include_val: bool) -> ImageDataset:
     split_file = root / UCF101_COOP_SPLIT
     try:
-        splits = json.loads(split_file.read_text(encoding="utf-8"))
+        splits = json.loads(read_text(split_file))
         items = {s: [(str(p), int(label), str(name)) for p, label, name in splits[s]] for s in ("train", "val", "test")}
     except (ValueError, KeyError, TypeError) as err:
         raise DataUnavailableError(

@@ -101,6 +101,7 @@ def prepare_splits(
     if corrupt not in ("stop", "skip"):
         raise ValueError(f"data.corrupt_images must be 'stop' or 'skip', got {corrupt!r}")
     directory = Path(os.path.expanduser(options.cache_dir or os.environ.get("FEDUR_CACHE_DIR") or DEFAULT_CACHE_DIR))
+    _check_writable(directory)
     geometric, mean, std = split_preprocess(preprocess) if cache else (None, (), ())
     workers = _default_workers() if options.workers is None else options.workers
     out = {
@@ -176,9 +177,9 @@ def split_key(
         for path in split.paths:
             try:
                 stat = os.stat(path)
-                digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+                digest.update(os.fsencode(path) + f"\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
             except OSError:
-                digest.update(f"{path}\0missing\n".encode())  # reported as unreadable when decoded
+                digest.update(os.fsencode(path) + b"\0missing\n")  # reported as unreadable when decoded
     else:
         arrays = np.ascontiguousarray(split.arrays)  # (N, h, w, 3) uint8 in memory
         digest.update(str(arrays.shape).encode())
@@ -288,6 +289,20 @@ def _locked(file: Path):
         with contextlib.suppress(OSError):  # a filesystem without locks: the atomic renames still keep files whole
             fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def _check_writable(directory: Path) -> None:
+    """The cache folder exists (made if absent) and takes a file: one line naming it, not a traceback from the
+    first write (a path that is a file, a folder without write permission, a read-only filesystem)."""
+    probe = directory / f".write-test.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        why = "it is a file, not a folder" if directory.exists() and not directory.is_dir() else err.strerror or err
+        raise DataUnavailableError(f"cannot write the image cache in {directory} ({why}); set data.cache_dir to a "
+                                   "folder you can write") from err
 
 
 def _check_space(directory: Path, needed: int) -> None:

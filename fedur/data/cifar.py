@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedur.data.datasets import Dataset
-from fedur.data.images import DataUnavailableError, ImageDataset, ImageSplit, found
+from fedur.data.images import DataUnavailableError, ImageDataset, ImageSplit, found, reason
 from fedur.network import reachable
 
 CIFAR_HOST = "www.cs.toronto.edu"
@@ -131,3 +131,5 @@ def _unpickle(path: Path) -> dict:
             return pickle.load(f, encoding="latin1")
     except (pickle.UnpicklingError, EOFError, ValueError) as err:
         raise DataUnavailableError(f"{path} is not a CIFAR python pickle ({err}); download the archive again") from err
+    except OSError as err:
+        raise DataUnavailableError(f"cannot read {path} {reason(err)}") from err

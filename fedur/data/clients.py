@@ -20,7 +20,16 @@ from typing import ClassVar
 import numpy as np
 
 from fedur.data.datasets import DEFAULT_TEMPLATE, Dataset
-from fedur.data.images import DataUnavailableError, ImageDataset, ImageSplit, found, image_files
+from fedur.data.images import (
+    DataUnavailableError,
+    ImageDataset,
+    ImageSplit,
+    entries,
+    found,
+    image_files,
+    is_folder,
+    subfolders,
+)
 
 CLIENTS = "clients"
 
@@ -41,12 +50,13 @@ class ClientFolders(Dataset):
         self._set_root(root)
 
     def client_names(self) -> list[str]:
-        """The clients' folder names in client-id order (sorted)."""
+        """The clients' folder names in client-id order (sorted). A client folder that is a symlink leading
+        nowhere, or whose name is not UTF-8, is refused (`subfolders`): a run would otherwise train without it."""
         folder = self._require_root() / CLIENTS
-        if not folder.is_dir():
+        if not is_folder(folder, "folder"):
             raise DataUnavailableError(f"dataset.root={self.root}: expected a folder {folder}/<client>/train/ per client; "
                                        f"{found(folder)}")
-        names = sorted(p.name for p in folder.iterdir() if p.is_dir())
+        names = [p.name for p in subfolders(folder, "client folder")]
         if not names:
             raise DataUnavailableError(f"{folder} holds no client folder; expected {folder}/<client>/train/<image>")
         return names
@@ -55,12 +65,12 @@ class ClientFolders(Dataset):
         root = self._require_root()
         for name in self.client_names():
             train = root / CLIENTS / name / "train"
-            if not train.is_dir():
+            if not is_folder(train, "train folder"):
                 raise DataUnavailableError(f"client {name!r}: expected its train images in {train}/; {found(train)}")
             if not image_files(train):
-                subfolders = [p.name for p in train.iterdir() if p.is_dir()]
-                hint = (f" (it holds folders {subfolders[:3]}: train images sit directly in train/, without class "
-                        "folders)") if subfolders else ""
+                folders = sorted(p.name for p in entries(train) if p.is_dir())
+                hint = (f" (it holds folders {folders[:3]}: train images sit directly in train/, without class "
+                        "folders)") if folders else ""
                 raise DataUnavailableError(f"client {name!r} has no train images in {train}{hint}")
 
     def load(self, seed: int, classnames: list[str] | None = None) -> ImageDataset:
@@ -95,8 +105,8 @@ def class_labels(classnames: list[str]) -> dict[str, int]:
 def _test_split(root: Path, names: list[str], label_of: dict[str, int]) -> ImageSplit:
     """The shared labelled test set (root/test/<class>/), or each client's own (labelled or not), or none."""
     own = [root / CLIENTS / name / "test" for name in names]
-    with_test = [folder for folder in own if folder.is_dir()]
-    if (root / "test").is_dir():
+    with_test = [folder for folder in own if is_folder(folder, "test folder")]
+    if is_folder(root / "test", "test folder"):
         if with_test:
             raise DataUnavailableError(f"{root}/test (a shared test set) and {with_test[0]} (a client's own) both exist; "
                                        "keep one of the two")
@@ -126,7 +136,7 @@ def _test_split(root: Path, names: list[str], label_of: dict[str, int]) -> Image
 
 def _kind(folder: Path) -> str:
     """"classes" (class folders), "images" (images directly), or "empty"."""
-    if any(p.is_dir() for p in folder.iterdir()):
+    if subfolders(folder, "class folder"):
         if image_files(folder):
             raise DataUnavailableError(f"{folder} holds class folders and images beside them; put every test image "
                                        "in its class folder, or none of them")
@@ -137,7 +147,7 @@ def _kind(folder: Path) -> str:
 def _labelled(folder: Path, label_of: dict[str, int]) -> tuple[list[str], np.ndarray]:
     """The images of `folder`/<class>/, labelled by the class-names file."""
     paths, labels = [], []
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+    for sub in subfolders(folder, "class folder"):
         name = sub.name.replace("_", " ")
         if name not in label_of:
             known = list(label_of)

@@ -36,7 +36,9 @@ from fedur.data.images import (  # re-exported: the rest of fedur imports the ty
     ImageSplit,
     found,
     image_files,
-    read_lines,
+    is_folder,
+    read_class_names,
+    subfolders,
 )
 
 __all__ = [
@@ -148,7 +150,8 @@ class DataOptions:
     """What `prepare_dataset` changes on any loaded dataset (the `data:` options of the same names)."""
 
     classnames_file: str | None = None
-    """Text file with one class name per line, in label order; replaces the dataset's own class names."""
+    """Text file (UTF-8, `~` expanded) with one class name per line, in label order (line 1: label 0); replaces
+    the dataset's own class names."""
     template: str | None = None
     """Zero-shot prompt template with exactly one `{}`; replaces the dataset's own."""
     train_fraction: float = 1.0
@@ -165,7 +168,8 @@ def prepare_dataset(source: Dataset, options: DataOptions, seed: int) -> ImageDa
         if options.classnames_file is None:
             raise DataUnavailableError(f"dataset {type(source).__name__} names no classes: give data.classnames_file, "
                                        "a text file with one class name per line")
-        dataset = source.load(seed, classnames=read_lines(Path(_existing(options.classnames_file))))
+        names_file = Path(options.classnames_file).expanduser()
+        dataset = source.load(seed, classnames=read_class_names(names_file, "data.classnames_file"))
     else:
         dataset = source.load(seed)
     if dataset.name != source.key:
@@ -174,6 +178,12 @@ def prepare_dataset(source: Dataset, options: DataOptions, seed: int) -> ImageDa
         )
     if options.classnames_file is not None and not source.needs_classnames:
         dataset.classnames = read_classnames(options.classnames_file, dataset.classnames)
+    if dataset.num_classes < 2:  # any dataset, a user's too: one class is no recognition task
+        shown = ", ".join(map(repr, dataset.classnames[:5]))
+        raise DataUnavailableError(
+            f"dataset {type(source).__name__} has {dataset.num_classes} class{'' if dataset.num_classes == 1 else 'es'}"
+            f"{f' ({shown})' if shown else ''}; recognition needs at least two classes"
+        )
     if options.template is not None:
         if options.template.count("{}") != 1:
             raise DataUnavailableError(f"data.template={options.template!r} must contain exactly one '{{}}'")
@@ -213,10 +223,11 @@ class ImageFolder(Dataset):
 
 def check_imagefolder(root: Path) -> None:
     for split in ("train", "test"):
-        if not (root / split).is_dir():
+        if not is_folder(root / split, "folder"):
+            there = found(root / split)  # a file where the folder should be, or what is there instead
             raise DataUnavailableError(
                 f"dataset.root={root}: expected folders {root}/train/<class>/ and {root}/test/<class>/ "
-                f"with images; {root}/{split} is missing ({found(root / split)})."
+                f"with images; {there if (root / split).exists() else f'{root}/{split} is missing ({there})'}."
             )
 
 
@@ -224,9 +235,12 @@ def load_imagefolder(root: str | Path) -> ImageDataset:
     """root/train/<class>/<image> and root/test/<class>/<image>; class index = sorted folder order."""
     root = Path(root)
     check_imagefolder(root)
-    folders = {split: sorted(p.name for p in (root / split).iterdir() if p.is_dir()) for split in ("train", "test")}
+    folders = {split: [p.name for p in subfolders(root / split, "class folder")] for split in ("train", "test")}
     if not folders["train"]:
         raise DataUnavailableError(f"{root}/train has no class folders; expected {root}/train/<class>/<image>")
+    if len(folders["train"]) == 1:
+        raise DataUnavailableError(f"{root}/train has one class folder ({folders['train'][0]!r}); recognition needs at "
+                                   f"least two classes: add a folder per class to {root}/train/ and {root}/test/")
     if folders["train"] != folders["test"]:
         only_train = sorted(set(folders["train"]) - set(folders["test"]))
         only_test = sorted(set(folders["test"]) - set(folders["train"]))
@@ -288,21 +302,10 @@ class Synthetic(Dataset):
         return ImageDataset("synthetic", names, DEFAULT_TEMPLATE, splits["train"], splits["test"])
 
 
-def _existing(path: str) -> str:
-    if not Path(path).is_file():
-        raise DataUnavailableError(f"data.classnames_file={path} does not exist")
-    return path
-
-
 def read_classnames(path: str, current: list[str]) -> list[str]:
-    """One name per line replacing `current`, in label order (sorted folder order for imagefolder)."""
-    names = read_lines(Path(_existing(path)))
-    if len(names) != len(current):
-        raise DataUnavailableError(
-            f"data.classnames_file={path} has {len(names)} names but there are {len(current)} classes "
-            f"({', '.join(current[:5])}{', ...' if len(current) > 5 else ''}); give one name per class, in label order"
-        )
-    return [n.replace("_", " ") for n in names]
+    """One name per line replacing `current`, in label order (sorted folder order for imagefolder), '_' read as a
+    space; the file is checked as `read_class_names` checks it, its count against `current`."""
+    return [n.replace("_", " ") for n in read_class_names(Path(path).expanduser(), "data.classnames_file", current)]
 
 
 def stratified_subset(labels: np.ndarray, fraction: float, rng: np.random.RandomState) -> np.ndarray:

@@ -25,6 +25,7 @@ from fedur.data.images import (
     read_path_label_lines,
     require_dir,
     require_file,
+    subfolders,
 )
 
 DOMAIN_TEMPLATE = "a photo of a {}."  # the paper does not say; CLIP's default, as for CIFAR
@@ -172,7 +173,7 @@ def load_officehome(
         raise DataUnavailableError(f"dataset.holdout_fraction must be in (0, 1), got {holdout_fraction}")
     chosen = select_domains(domains, OFFICEHOME_DOMAINS, "officehome")
     folders = {d: _officehome_folder(root, d) for d in chosen}
-    classes = {d: sorted(p.name for p in folder.iterdir() if p.is_dir()) for d, folder in folders.items()}
+    classes = {d: [p.name for p in subfolders(folder, "class folder")] for d, folder in folders.items()}
     reference = classes[chosen[0]]
     for domain in chosen:
         if len(classes[domain]) != OFFICEHOME_CLASSES or classes[domain] != reference:

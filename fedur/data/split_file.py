@@ -14,7 +14,8 @@ whole test set.
 
 Either way every train image (and, when test ids are given, every test image) is listed exactly once, no
 id is unknown, all ids of a file are of one kind (paths or indices), and no client is without a train
-image; each error is one line naming the entry (for a CSV, its line). A JSON file may also list
+image; each error is one line naming the file and the entry, as `<path>:<line>: <message>` for a CSV line
+and `<path>: <message>` otherwise (a JSON entry by its place, train_ids[k][j]). A JSON file may also list
 `skipped_ids` ({"train": [...], "test": [...]}): images left out on purpose, as a run that skipped unreadable
 images records them, so that its partition.json replays.
 """
@@ -22,13 +23,14 @@ images records them, so that its partition.json replays.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 
-from fedur.data.images import ImageSplit
+from fedur.data.images import ImageSplit, line_of, reason
 from fedur.data.partition import PartitionError, Parts
 
 SPLITS = ("train", "test")
@@ -62,19 +64,19 @@ def left_out_ids(split: ImageSplit, kept: np.ndarray, root: str | None) -> list[
 
 def read_split_file(path: str, train: ImageSplit, test: ImageSplit, root: str | None) -> tuple[Parts, Parts | None]:
     """(train parts, test parts or None for a test set every client shares) from a JSON or CSV split file,
-    checked against the loaded splits; raises PartitionError with one line naming the wrong entry."""
+    checked against the loaded splits; raises PartitionError with one line naming the file and the wrong entry."""
     entries = read_entries(path)
     skipped, where = entries["skipped"], entries["where"]
     train_parts = _resolve(path, "train", entries["train"], train, root, skipped["train"], where["train"])
     for k, part in enumerate(train_parts):
         if len(part) == 0:
-            raise PartitionError(f"federation.partition_file={path}: client {k} has no train image; every client "
-                                 "needs at least one (remove the client or give it images)")
+            raise PartitionError(f"{path}: client {k} has no train image; every client needs at least one (remove "
+                                 "the client or give it images)")
     if entries["test"] is None:
         return train_parts, None
     if len(entries["test"]) > len(train_parts):
-        raise PartitionError(f"federation.partition_file={path}: test ids name {len(entries['test'])} clients but the "
-                             f"train ids only {len(train_parts)}; give every client with test images train images too")
+        raise PartitionError(f"{path}: test ids name {len(entries['test'])} clients but the train ids only "
+                             f"{len(train_parts)}; give every client with test images train images too")
     padded = entries["test"] + [[] for _ in range(len(train_parts) - len(entries["test"]))]
     return train_parts, _resolve(path, "test", padded, test, root, skipped["test"], where["test"])
 
@@ -86,21 +88,19 @@ def count_clients(path: str) -> int:
 
 def read_entries(path: str) -> dict:
     """{"train": [[id, ...] per client], "test": [[id, ...] per client] or None, "skipped": {split: [id, ...]},
-    "where": {split: [[label, ...] per client] or None (labels like train_ids[k][j])}}, as the file gives them."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise PartitionError(f"federation.partition_file={path} does not exist; give a JSON or CSV split file "
-                             "(e.g. the partition.json of an earlier run)")
-    if file.suffix.lower() == ".csv":
-        return _read_csv(path, file)
+    "where": {split: [[where, ...] per client] or None}} as the file gives them; where: a CSV entry's line number
+    (None: JSON, whose entries are named by their place, train_ids[k][j])."""
+    text = _read_text(path)
+    if Path(path).suffix.lower() == ".csv":
+        return _read_csv(path, text)
     try:
-        content = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise PartitionError(f"federation.partition_file={path} is not valid JSON ({err}); give JSON with "
+        content = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PartitionError(f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno}); give JSON with "
                              "train_ids (a list per client) or a .csv file") from err
     if not isinstance(content, dict) or not isinstance(content.get("train_ids"), list):
-        raise PartitionError(f"federation.partition_file={path} has no 'train_ids' list (one list of image ids per "
-                             "client); an earlier run's partition.json has one")
+        raise PartitionError(f"{path}: no 'train_ids' list (one list of image ids per client); an earlier run's "
+                             "partition.json has one")
     entries = {}
     for split in SPLITS:
         lists = content.get(f"{split}_ids")
@@ -108,35 +108,61 @@ def read_entries(path: str) -> dict:
             entries[split] = None
             continue
         if not isinstance(lists, list) or not all(isinstance(ids, list) for ids in lists):
-            raise PartitionError(f"federation.partition_file={path}: '{split}_ids' must be a list of lists of image ids "
-                                 "(one list per client)")
+            raise PartitionError(f"{path}: '{split}_ids' must be a list of lists of image ids (one list per client)")
         entries[split] = lists
     if not entries["train"]:
-        raise PartitionError(f"federation.partition_file={path}: 'train_ids' names no client")
+        raise PartitionError(f"{path}: 'train_ids' names no client")
     skipped = content.get("skipped_ids") or {}
     if not isinstance(skipped, dict) or not all(isinstance(skipped.get(split, []), list) for split in SPLITS):
-        raise PartitionError(f"federation.partition_file={path}: 'skipped_ids' must map train and test to lists of "
-                             "image ids (the images left out on purpose)")
+        raise PartitionError(f"{path}: 'skipped_ids' must map train and test to lists of image ids (the images left "
+                             "out on purpose)")
     entries["skipped"] = {split: skipped.get(split, []) for split in SPLITS}
     entries["where"] = {split: None for split in SPLITS}
     return entries
 
 
-def _read_csv(path: str, file: Path) -> dict:
+def _read_text(path: str) -> str:
+    """The split file's text (UTF-8, a byte-order mark dropped: Excel writes one); each way of not having one
+    (no such file, a directory, unreadable, not UTF-8) is one line naming the file."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        inside = os.path.join(path, "partition.json")
+        hint = f"it holds partition.json: {inside}" if (file / "partition.json").is_file() else \
+            "e.g. the partition.json of an earlier run"
+        raise PartitionError(f"{path}: federation.partition_file is a directory; give a JSON or CSV split file ({hint})")
+    if not file.exists():
+        raise PartitionError(f"{path}: no such file (federation.partition_file); give a JSON or CSV split file (e.g. "
+                             "the partition.json of an earlier run)")
     try:
-        with open(file, newline="", encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Excel's) is not a column
-            rows = list(csv.reader(f))
-    except (UnicodeDecodeError, csv.Error) as err:
-        raise PartitionError(f"federation.partition_file={path} is not a UTF-8 CSV file ({err}); save it as UTF-8 "
-                             "with the columns client, image (and split)") from err
-    header = [name.strip().lower() for name in rows[0]] if rows else []
+        data = file.read_bytes()
+    except OSError as err:
+        raise PartitionError(f"{path}: cannot read federation.partition_file {reason(err)}") from err
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise PartitionError(f"{path}:{line_of(data, err.start)}: not UTF-8 text (byte {data[err.start]:#04x}); save "
+                             "the file as UTF-8") from err
+
+
+def _read_csv(path: str, text: str) -> dict:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        rows = [(reader.line_num, row) for row in reader]  # line_num: the file's line where the row ends
+    except csv.Error as err:
+        raise PartitionError(f"{path}:{reader.line_num}: not a CSV line ({err}); give the columns client, image (and "
+                             "split)") from err
+    if not rows:
+        raise PartitionError(f"{path}: the file is empty; its first line must name the columns client and image (and "
+                             "optionally split)")
+    first, names = rows[0]
+    header = [name.strip().lower() for name in names]
     if "client" not in header or "image" not in header:
-        raise PartitionError(f"federation.partition_file={path}: the first line must name the columns client and image "
-                             f"(and optionally split), found {rows[0] if rows else 'an empty file'}")
+        raise PartitionError(f"{path}:{first}: the first line must name the columns client and image (and optionally "
+                             f"split), found {names}")
     col = {name: header.index(name) for name in ("client", "image", "split") if name in header}
     by_split: dict[str, dict[int, list]] = {"train": {}, "test": {}}
     lines: dict[str, dict[int, list]] = {"train": {}, "test": {}}
-    for number, row in enumerate(rows[1:], start=2):
+    for number, row in rows[1:]:
         if not any(cell.strip() for cell in row):
             continue
         if len(row) < len(header):
@@ -148,14 +174,14 @@ def _read_csv(path: str, file: Path) -> dict:
         if not client.isdigit():
             raise PartitionError(f"{path}:{number}: client {client!r} is not a client id (0, 1, ...)")
         by_split[split].setdefault(int(client), []).append(image)
-        lines[split].setdefault(int(client), []).append(f"line {number}")
+        lines[split].setdefault(int(client), []).append(number)
     if not by_split["train"]:
-        raise PartitionError(f"federation.partition_file={path} lists no train image")
+        raise PartitionError(f"{path}: lists no train image")
     num_clients = max(max(by_split["train"]), max(by_split["test"], default=-1)) + 1
     missing = [k for k in range(num_clients) if k not in by_split["train"]]
     if missing:
-        raise PartitionError(f"federation.partition_file={path}: client {missing[0]} has no train image (client ids "
-                             f"run 0 .. {num_clients - 1}); every client needs at least one")
+        raise PartitionError(f"{path}: client {missing[0]} has no train image (client ids run 0 .. {num_clients - 1}); "
+                             "every client needs at least one")
     lists = {split: [by_split[split].get(k, []) for k in range(num_clients)] for split in SPLITS}
     where = {split: [lines[split].get(k, []) for k in range(num_clients)] for split in SPLITS}
     return {"train": lists["train"], "test": lists["test"] if by_split["test"] else None,
@@ -163,42 +189,51 @@ def _read_csv(path: str, file: Path) -> dict:
 
 
 def _resolve(
-    path: str, split: str, lists: list[list], data: ImageSplit, root: str | None, skipped: list, labels: list[list] | None
+    path: str, split: str, lists: list[list], data: ImageSplit, root: str | None, skipped: list, lines: list[list] | None
 ) -> Parts:
     """Index arrays into `data` of each client's ids, checking that each of its images is named once (by a
-    client, or among the `skipped` ones); `labels`: each entry's name in errors (default: train_ids[k][j])."""
+    client, or among the `skipped` ones); `lines`: each entry's line in a CSV file (None: a JSON file's entries,
+    named by their place, train_ids[k][j])."""
     if len(data) == 0 and (any(lists) or skipped):
-        raise PartitionError(f"federation.partition_file={path}: the dataset has no {split} images; drop the file's "
-                             f"{split} ids")
+        raise PartitionError(f"{path}: the dataset has no {split} images; drop the file's {split} ids")
     ids = image_ids(data, root)
     position = None if ids is None else {image: i for i, image in enumerate(ids)}
-    owner: dict[int, str] = {}
-    kinds: dict[bool, str] = {}  # is an index -> the first entry of that kind
+    owner: dict[int, str | int] = {}
+    kinds: dict[bool, str | int] = {}  # is an index -> the first entry of that kind
     named = [(f"skipped_ids.{split}[{j}]", entry, None) for j, entry in enumerate(skipped)]
-    named += [(labels[k][j] if labels else f"{split}_ids[{k}][{j}]", entry, k)
+    named += [(lines[k][j] if lines else f"{split}_ids[{k}][{j}]", entry, k)
               for k, entries in enumerate(lists) for j, entry in enumerate(entries)]
     members: list[list[int]] = [[] for _ in lists]
     for where, entry, k in named:
-        index = _index(path, where, entry, position, len(data), split, ids)
+        index = _index(_entry(path, where, entry), entry, position, len(data), split, ids)
         is_index = _is_index(entry, position)
         kinds.setdefault(is_index, where)
         if len(kinds) > 1:
-            first = kinds[not is_index]
-            raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} is {'an index' if is_index else 'a path'}"
-                                 f" but {first} is {'a path' if is_index else 'an index'}; give every id of a file in one kind")
+            first = _place(kinds[not is_index])
+            raise PartitionError(f"{_entry(path, where, entry)} is {'an index' if is_index else 'a path'} but {first} is "
+                                 f"{'a path' if is_index else 'an index'}; give every id of a file in one kind")
         if index in owner:
-            raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} names a {split} image "
-                                 f"already listed at {owner[index]}; list every image once")
+            raise PartitionError(f"{_entry(path, where, entry)} names a {split} image already listed at "
+                                 f"{_place(owner[index])}; list every image once")
         owner[index] = where
         if k is not None:
             members[k].append(index)
     parts = [np.asarray(part, dtype=np.int64) for part in members]
     if len(owner) != len(data):
         left = next(i for i in range(len(data)) if i not in owner)
-        raise PartitionError(f"federation.partition_file={path}: {len(data) - len(owner)} of the {len(data)} {split} "
-                             f"images are in no client, e.g. {ids[left] if ids is not None else left!r}; list every "
-                             "image once")
+        raise PartitionError(f"{path}: {len(data) - len(owner)} of the {len(data)} {split} images are in no client, "
+                             f"e.g. {ids[left] if ids is not None else left!r}; list every image once")
     return parts
+
+
+def _entry(path: str, where: str | int, entry) -> str:
+    """An entry as an error begins: "<path>:<line>: image <id>" (CSV) or "<path>: train_ids[k][j] = <id>" (JSON)."""
+    return f"{path}:{where}: image {entry!r}" if isinstance(where, int) else f"{path}: {where} = {entry!r}"
+
+
+def _place(where: str | int) -> str:
+    """Another entry of the same file, as a message names it: "line 7" (CSV) or "train_ids[0][3]" (JSON)."""
+    return f"line {where}" if isinstance(where, int) else where
 
 
 def _is_index(entry, position: dict[str, int] | None) -> bool:
@@ -207,20 +242,19 @@ def _is_index(entry, position: dict[str, int] | None) -> bool:
         isinstance(entry, str) and position is None and entry.isdigit())
 
 
-def _index(path: str, where: str, entry, position: dict[str, int] | None, n: int, split: str, ids: list[str] | None) -> int:
+def _index(named: str, entry, position: dict[str, int] | None, n: int, split: str, ids: list[str] | None) -> int:
+    """The row of `entry` in the split; `named`: the entry as an error begins (`_entry`)."""
     if _is_index(entry, position):
         index = int(entry)
         if not 0 <= index < n:
-            raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} is not an index of the {n} "
-                                 f"{split} images (0 .. {n - 1})")
+            raise PartitionError(f"{named} is not an index of the {n} {split} images (0 .. {n - 1})")
         return index
     if position is None:
-        raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r}: this dataset's images are not "
-                             "files; give their indices (0 .. N-1)")
+        raise PartitionError(f"{named}: this dataset's images are not files; give their indices (0 .. N-1)")
     index = position.get(Path(str(entry)).as_posix())
     if index is None:
-        raise PartitionError(f"federation.partition_file={path}: {where} = {entry!r} is not a {split} image of the "
-                             f"dataset (ids are paths relative to dataset.root, e.g. {ids[0]!r})")
+        raise PartitionError(f"{named} is not a {split} image of the dataset (ids are paths relative to dataset.root, "
+                             f"e.g. {ids[0]!r})")
     return index
 
 

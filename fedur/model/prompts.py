@@ -25,6 +25,8 @@ class TextPrompt(nn.Module):
     ) -> None:
         super().__init__()
         width = token_embedding.weight.shape[1]
+        if not classnames:  # the data layer refuses a dataset with fewer than two classes before this is built
+            raise ValueError("a text prompt needs at least one class name, got none")
         if init.shape != (n_ctx, width):
             raise ValueError(f"text prompt init has shape {tuple(init.shape)}, expected {(n_ctx, width)}")
         prefix = " ".join(["X"] * n_ctx)
@@ -60,4 +62,4 @@ class TextPrompt(nn.Module):
 def init_prompt(shape: tuple[int, ...], std: float, seed: int) -> Tensor:
     """N(0, std^2) init from its own generator, so every rank and every client start from the same values."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=generator) * std
+    return torch.randn(shape, generator=generator, device="cpu") * std

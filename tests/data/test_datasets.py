@@ -71,7 +71,7 @@ def test_wrong_layouts_name_the_path(tmp_path):
 
 
 def test_corrupt_image_is_reported_by_path(tmp_path):
-    root = write_folder(tmp_path, {"train": {"a": 1}, "test": {"a": 1}})
+    root = write_folder(tmp_path, {"train": {"a": 1, "b": 1}, "test": {"a": 1, "b": 1}})
     (root / "train" / "a" / "0.png").write_bytes(b"not a png")
     with pytest.raises(DataUnavailableError, match="0.png"):
         load_imagefolder(str(root)).train.load(0)

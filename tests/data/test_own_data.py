@@ -131,7 +131,7 @@ def test_split_file_json_and_csv_read_back(tmp_path):
     ({"train_ids": [[0, 1, 2], [3, 4]]}, "1 of the 6 train images are in no client, e.g. 5"),
     ({"train_ids": [[0, 1, 2], [3, 4, 5]], "test_ids": [[0, 1], [1, 2, 3]]}, "test_ids[1][0] = 1 names a test image already"),
     ({"train_ids": [[0, 1, 2], [3, 4, "x.png"]]}, "train_ids[1][2] = 'x.png': this dataset's images are not files"),
-    ({"clients": []}, "has no 'train_ids' list"),
+    ({"clients": []}, "s.json: no 'train_ids' list"),
     ("client,image\n0,0\n0,1\n2,2\n2,3\n2,4\n2,5\n", "client 1 has no train image"),
     ("image\n0\n", "the first line must name the columns client and image"),
 ])
@@ -199,7 +199,7 @@ def test_more_bad_split_files_each_one_line(tmp_path):
                                     "1,img_4.png\n1,img_5.png\n")
     with pytest.raises(PartitionError) as err:
         read_split_file(csv, train, test, str(tmp_path))
-    assert "line 6 = 'img_3.png' names a train image already listed at line 5" in one_line(err)  # the CSV's lines
+    assert f"{csv}:6: image 'img_3.png' names a train image already listed at line 5" in one_line(err)
     no_test = ImageSplit(np.zeros(0, dtype=np.int64), arrays=np.zeros((0, 2, 2, 3)))
     given = write(tmp_path / "t.json", {"train_ids": [[0, 1, 2], [3, 4, 5]], "test_ids": [[0], []]})
     with pytest.raises(PartitionError) as err:
@@ -208,7 +208,7 @@ def test_more_bad_split_files_each_one_line(tmp_path):
     (tmp_path / "latin1.csv").write_bytes("client,image\n0,caf\xe9.png\n".encode("latin-1"))
     with pytest.raises(PartitionError) as err:
         read_split_file(str(tmp_path / "latin1.csv"), train, test, str(tmp_path))
-    assert "is not a UTF-8 CSV file" in one_line(err)
+    assert f"{tmp_path / 'latin1.csv'}:2: not UTF-8 text (byte 0xe9); save the file as UTF-8" in one_line(err)
 
 
 def test_a_csv_with_a_byte_order_mark_and_skipped_ids_read_back(tmp_path):
@@ -235,7 +235,7 @@ def test_class_names_given_twice_and_test_folders_mixing_classes_and_images_are_
     twice.write_text("circle\nsquare\ncircle\n")
     with pytest.raises(DataUnavailableError) as err:
         load(tmp_path, twice)
-    assert "data.classnames_file names class 'circle' twice (lines 1 and 3" in one_line(err)
+    assert f"{twice}:3: class 'circle' is named again (first at line 1, '_' read as a space)" in one_line(err)
     loose = tmp_path / "clients" / "site_00" / "test"
     write_images(loose, np.zeros((1, 8, 8, 3), dtype=np.uint8))  # an image beside the class folders
     with pytest.raises(DataUnavailableError) as err:
