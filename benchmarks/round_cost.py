@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -517,8 +518,9 @@ def markdown(results: dict) -> str:
         "",
     ]
     for inv in results["invocations"]:
+        failed = f"; FAILED: {'; '.join(inv['failures'])}" if inv.get("failures") else ""
         lines.append(f"- `{inv['command']}`  ({inv['date']}, {inv['seconds']:.0f} s, load average "
-                     f"{inv['load_before']} -> {inv['load_after']})")
+                     f"{inv['load_before']} -> {inv['load_after']}{failed})")
     lines += [
         "",
         f"Machine: {m['device_name']}; torch {m['torch']}, {m['threads']} compute threads, precision "
@@ -532,7 +534,7 @@ def markdown(results: dict) -> str:
     ]
     micro = results.get("micro", {})
     keys = sorted(micro, key=lambda k: (k.split("|")[0], int(k.split("|")[1])))
-    text_rows = [(k, micro[k]["text"]) for k in keys if "text" in micro[k]]
+    text_rows = [(k, micro[k]["text"]) for k in keys if "error" not in micro[k].get("text", {"error": 1})]
     if text_rows:
         lines += [
             "## Text tower per optimizer step (forward + backward)",
@@ -552,7 +554,7 @@ def markdown(results: dict) -> str:
                 f"{t['off']['flops'] / 1e9:,.2f} | {t['on']['flops'] / 1e9:,.2f} | {len(t['off']['seconds'])} |"
             )
         lines.append("")
-    train_rows = [(k, micro[k]["train"]) for k in keys if "train" in micro[k]]
+    train_rows = [(k, micro[k]["train"]) for k in keys if "error" not in micro[k].get("train", {"error": 1})]
     if train_rows:
         lines += [
             "## Prompted training step (forward + backward, batch {})".format(train_rows[0][1]["batch"]),
@@ -579,7 +581,7 @@ def markdown(results: dict) -> str:
                 f"{100 * on['flops_per_s'] / rate(t):.1f}% | {mem(on)} | {len(on['seconds'])} |"
             )
         lines.append("")
-    eval_rows = [(k, micro[k]["eval"]) for k in keys if "eval" in micro[k]]
+    eval_rows = [(k, micro[k]["eval"]) for k in keys if "error" not in micro[k].get("eval", {"error": 1})]
     if eval_rows:
         lines += [
             "## Pseudo-labelling / evaluation forward (no grad, batch {})".format(eval_rows[0][1]["batch"]),
@@ -597,7 +599,7 @@ def markdown(results: dict) -> str:
                 f"{mem(t)} | {len(t['seconds'])} |"
             )
         lines.append("")
-    byte_rows = [(k, micro[k]["bytes"]) for k in keys if "bytes" in micro[k]]
+    byte_rows = [(k, micro[k]["bytes"]) for k in keys if "error" not in micro[k].get("bytes", {"error": 1})]
     if byte_rows:
         lines += [
             "## Bytes each client sends per round",
@@ -664,7 +666,7 @@ def markdown(results: dict) -> str:
         lines += together_table(runs)
         lines += ["", "Commands:", ""]
         for key in sorted(runs):
-            lines.append(f"- `{runs[key]['command']}`")
+            lines.append(f"- `{runs[key].get('command', key + ' (failed before its run started)')}`")
         lines.append("")
     return "\n".join(lines)
 
@@ -796,7 +798,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Measure, write the report; 1 when any part or run failed (each failure is recorded in the report)."""
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -821,6 +824,7 @@ def main(argv: list[str] | None = None) -> None:
                   "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg())}
     results.setdefault("invocations", []).append(invocation)
     started = time.perf_counter()
+    failures: list[str] = invocation.setdefault("failures", [])
 
     def save() -> None:
         invocation["seconds"] = time.perf_counter() - started
@@ -843,15 +847,23 @@ def main(argv: list[str] | None = None) -> None:
                 if part == "eval" and args.eval_once and n_classes != max(classes):
                     continue
                 tick = time.perf_counter()
-                entry[part] = getattr(bench, part if part != "bytes" else "bytes_sent")(name, n_classes)
+                try:
+                    entry[part] = getattr(bench, part if part != "bytes" else "bytes_sent")(name, n_classes)
+                except Exception as err:  # recorded and reported; the other parts still run
+                    entry[part] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+                    failures.append(f"{name} {n_classes} classes {part}: {entry[part]['error']}")
+                    print(f"{name} {n_classes} classes {part}: FAILED\n{entry[part]['traceback']}", flush=True)
+                    save()
+                    continue
                 entry[part]["matmul_flops_per_s"] = results["matmul"]["flops_per_s"]  # this invocation's
                 print(f"{name} {n_classes} classes {part}: {summary(part, entry[part])} "
                       f"({time.perf_counter() - tick:.0f} s)", flush=True)
                 save()
         if args.eval_once and "eval" in parts:
             measured = results["micro"][f"{name}|{max(classes)}"]["eval"]
-            for n_classes in classes:
-                results["micro"][f"{name}|{n_classes}"].setdefault("eval", {**measured, "reused_from": max(classes)})
+            if "error" not in measured:
+                for n_classes in classes:
+                    results["micro"][f"{name}|{n_classes}"].setdefault("eval", {**measured, "reused_from": max(classes)})
             save()
     if "round" in parts and device.type == "cpu":
         for w in (int(w) for w in args.round_ranks.split(",")):
@@ -874,11 +886,15 @@ def main(argv: list[str] | None = None) -> None:
                         variants = [(w, g, (f"|ranks{w}" if w > 1 else "") + (f"|together{g}" if g > 1 else ""))]
                     for ranks, group, suffix in variants:
                         tick = time.perf_counter()
-                        run = run_round(bench, name, n_images, setting == "on", results, ranks, group)
+                        try:
+                            run = run_round(bench, name, n_images, setting == "on", results, ranks, group)
+                        except Exception as err:  # e.g. the floor's timing, or a run that wrote no metrics
+                            run = {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}"}
                         key = f"{name}|{n_images}|{setting}{suffix}"
                         results.setdefault("round", {})[key] = run
                         label = f"round {name} {n_images} images text {setting} ranks {ranks} clients per step {group}"
                         if "error" in run:
+                            failures.append(f"{label}: {run['error'].strip().splitlines()[-1] if run['error'].strip() else 'failed'}")
                             print(f"{label}: FAILED\n{run['error']}", flush=True)
                         else:
                             secs = [r["round_seconds"] for r in run["rounds"]]
@@ -888,6 +904,10 @@ def main(argv: list[str] | None = None) -> None:
                         save()
     save()
     print(f"wrote {json_path} and {md_path}")
+    if failures:  # the report holds what was measured; the exit status says that something was not
+        print(f"round_cost: {len(failures)} part(s) or run(s) failed:\n  " + "\n  ".join(failures), file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 def summary(part: str, r: dict) -> str:
@@ -902,4 +922,4 @@ def summary(part: str, r: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,6 +11,7 @@ fedur's timeout). After the launch, `fabric.world_size` and `fabric.global_rank`
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -183,3 +184,26 @@ def deterministic_environment(enabled: bool, environ: dict = os.environ) -> None
     """What cuBLAS needs before CUDA starts for deterministic matmuls (a fixed workspace per stream)."""
     if enabled:
         environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def stop_with_launcher(environ: Mapping[str, str] = os.environ) -> bool:
+    """Under `fabric run` or torchrun (TORCHELASTIC_RUN_ID set) every rank runs in a process session of its own,
+    so killing the launcher's process group (what a terminal or a job runner does) would leave the ranks
+    running, finishing the run and racing any resume. Here the kernel ends this rank when its parent, the
+    launcher, dies (Linux's parent-death signal; SIGKILL: no more rounds, the committed checkpoints are intact).
+    Returns whether the guard is set."""
+    if "TORCHELASTIC_RUN_ID" not in environ or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # the launcher died before the guard was set
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+PR_SET_PDEATHSIG = 1

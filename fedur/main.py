@@ -16,13 +16,16 @@ if __package__ in (None, ""):  # run as a script: keep fedur/'s folders from sha
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
+import errno
 import inspect
 import re
+import threading
 import time
 from argparse import ArgumentError
 from dataclasses import fields
 from pathlib import Path
 
+import torch
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance, set_parsing_settings
 
@@ -31,9 +34,9 @@ from fedur.config import GROUPS, PLUGINS, Config, result_settings
 from fedur.data.datasets import Dataset, DataUnavailableError, ImageFolder
 from fedur.data.partition import PartitionError
 from fedur.data.split_file import count_clients
-from fedur.federated.collectives import CollectiveError, Collectives
+from fedur.federated.collectives import CollectiveError, Collectives, first_line
 from fedur.labels import Labeller
-from fedur.launch_env import LaunchEnv, deterministic_environment, make_fabric, set_determinism, set_threads
+from fedur.launch_env import LaunchEnv, deterministic_environment, make_fabric, set_determinism, set_threads, stop_with_launcher
 from fedur.methods import FedUR, Method
 from fedur.model.clip import ModelUnavailableError, check_model
 from fedur.train import faults
@@ -293,6 +296,7 @@ def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
     root = run_dirs.target(run.output_dir, run.resume)
     if root is None:  # a new run directory, named by rank 0's clock
         root = fabric.broadcast(os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")), src=0)
+    run.output_dir = root  # what an error message names
     claim = claim_run_dir(fabric, root, create=run.resume in (False, "auto"))
     try:
         if fabric.world_size > 1 and claim.nonce:  # every node must see the directory rank 0 holds
@@ -341,6 +345,9 @@ def check_data(cfg: Config) -> None:
 def main(argv: list[str] | None = None) -> None:
     sys.stdout.reconfigure(line_buffering=True)  # progress lines reach log files as they happen
     env = LaunchEnv.read()
+    stop_with_launcher()
+    threading.excepthook = quiet_write_errors
+    cfg = None
     try:
         cfg, config_yaml, namespace = parse_args(argv)
         if namespace.check_data:
@@ -355,8 +362,51 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(ERROR_GRACE_SECONDS)
         sys.exit(2)
     except CollectiveError as err:
-        print(f"fedur: error: {err}", file=sys.stderr, flush=True)
-        os._exit(1)  # the process group is broken: do not wait in its teardown
+        fail(str(err))  # the process group is broken: do not wait in its teardown
+    except OSError as err:  # a file the run writes: a full disk, a quota, a read-only or vanished folder
+        fail(write_error(err, None if cfg is None else cfg.run.output_dir))
+    except torch.OutOfMemoryError as err:
+        fail(f"rank {os.environ.get('RANK', '0')} ran out of device memory ({first_line(err)}); a smaller optim.batch_size, "
+             "optim.eval_batch_size or run.clients_per_step, or fewer clients per rank, need less")
+    except RuntimeError as err:
+        if "deterministic" not in str(err) or "use_deterministic_algorithms" not in str(err):
+            raise
+        fail(f"{first_line(err)} (run.deterministic true); --run.deterministic false runs without it, and results then "
+             "vary in the last bits")
+
+
+def fail(message: str) -> None:
+    """A failure of this rank, in one line; exits at once (peers learn of it through the heartbeat)."""
+    print(f"fedur: error: {message}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def write_error(err: OSError, output_dir: str | None) -> str:
+    """A file the run could not write, what is intact, and how to go on."""
+    writing = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG)
+    what = f"{'could not write' if writing else 'failed on'} {err.filename or 'a file'} ({err.strerror or err})"
+    committed = checkpoint_latest(output_dir)
+    if committed is None:
+        return f"{what}; no round is committed yet: fix that, then start again"
+    return (f"{what}; the last committed round ({committed.round_idx + 1}) in {committed.folder.parent} is intact: free "
+            f"space (or move the run directory to where there is some) and continue it with --run.resume true")
+
+
+def checkpoint_latest(output_dir: str | None):
+    from fedur.train import checkpoint
+
+    try:
+        return None if output_dir is None else checkpoint.latest(Path(output_dir))
+    except (OSError, CheckpointError):
+        return None
+
+
+def quiet_write_errors(args) -> None:
+    """A thread that fails to write (TensorBoard's event writer on a full disk) says nothing: the main thread meets
+    the same error at its next write and reports it in one line (`write_error`)."""
+    if issubclass(args.exc_type, OSError):
+        return
+    threading.__excepthook__(args)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ of a grid.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -89,16 +90,34 @@ def client_file(folder: Path, client_id: int) -> Path:
 
 
 def atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def save(obj, path: Path) -> None:
+    """torch.save, with a failed write (torch reports a full disk as a RuntimeError without the file's name) an
+    OSError naming the file; what was partly written is removed."""
     import torch
 
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(obj, path)
+    except (OSError, RuntimeError) as err:
+        Path(path).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename:
+            raise
+        full = shutil.disk_usage(Path(path).parent).free == 0
+        raise OSError(errno.ENOSPC if full else errno.EIO, os.strerror(errno.ENOSPC) if full else str(err).splitlines()[0],
+                      str(path)) from err
 
 
 def atomic_write_text(text: str, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    try:
+        tmp.write_text(text)
+    except OSError as err:  # a full disk meets the write, whose error names no file
+        tmp.unlink(missing_ok=True)
+        raise OSError(err.errno, err.strerror, str(path)) from err
     os.replace(tmp, path)
 
 
@@ -195,15 +214,13 @@ def save_prompts(folder: Path, shared: dict[str, Tensor], clients: list[ClientSt
     """The final model of every client: global.pt, the shared pieces (rank 0), and client_XXX.pt (written by
     the rank that hosts it), what each client classifies with, by name: its prompts, and the method's own
     per-client tensors where it keeps some (pFedPrompt's cache, GDA-U's classifier)."""
-    import torch
-
     folder.mkdir(exist_ok=True)
     if write_shared and shared:
-        torch.save({name: t.cpu() for name, t in shared.items()}, folder / "global.pt")
+        save({name: t.cpu() for name, t in shared.items()}, folder / "global.pt")
     for client in clients:
         state = {"client_id": client.client_id, **{name: t.cpu() for name, t in client.prompts.items()}}
         state.update({name: t.cpu() for name, t in client.extra.items() if name not in state})
-        torch.save(state, folder / f"client_{client.client_id:03d}.pt")
+        save(state, folder / f"client_{client.client_id:03d}.pt")
 
 
 def _round_of(folder: Path) -> int | None:

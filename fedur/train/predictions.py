@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedur.data.split_file import image_ids
+from fedur.train.run_dir import writing
 
 if TYPE_CHECKING:
     from fedur.train.rank import Rank
@@ -32,7 +33,8 @@ def write_predictions(rank: Rank, folder: Path, root: str | None) -> None:
             for index, c, p in zip(indices.tolist(), predicted.tolist(), confidence.tolist()):
                 rows[client.client_id].append((split, index if ids is None else ids[index], c, classnames[c], f"{p:.6f}"))
     for client_id, lines in rows.items():
-        with open(folder / f"client_{client_id:03d}.csv", "w", newline="", encoding="utf-8") as f:
+        path = folder / f"client_{client_id:03d}.csv"
+        with writing(path), open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(COLUMNS)
             writer.writerows(lines)

@@ -23,7 +23,7 @@ from fedur.federated.placement import placement_lines
 from fedur.metrics import accuracies, best, fmt, mean
 from fedur.plots import heatmap, save
 from fedur.train.progress import QUIET, Progress, eta_seconds, format_duration
-from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir
+from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir, writing
 
 
 def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accuracy: bool = True) -> str:
@@ -82,21 +82,26 @@ class Recorder:
         """One top-level key per line, each value compact (matrices stay one line each)."""
         if self.enabled:
             lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in content.items()]
-            self.run_dir.path(name).write_text("{\n" + ",\n".join(lines) + "\n}\n")
+            with writing(self.run_dir.path(name)):
+                self.run_dir.path(name).write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
     def _figure(self, fig, tag: str | None, step: int, file: str | None = None) -> None:
         """A figure to a PNG in the run directory and/or to TensorBoard's images."""
         if tag is not None and self._logs(step):
-            self.tensorboard.experiment.add_figure(tag, fig, step, close=False)
-        save(fig, None if file is None else self.run_dir.path(file))
+            with writing(self.run_dir.path("tensorboard")):
+                self.tensorboard.experiment.add_figure(tag, fig, step, close=False)
+        with writing(self.run_dir.path(file or "tensorboard")):
+            save(fig, None if file is None else self.run_dir.path(file))
 
     def start(self, config_yaml: str, description: str) -> None:
         """config.yaml; a resumed run keeps it and writes its own settings next to it."""
         if self.enabled:
             name = f"config.resumed-at-round-{self.start_round + 1}.yaml" if self.start_round else "config.yaml"
-            self.run_dir.path(name).write_text(config_yaml)
+            with writing(self.run_dir.path(name)):
+                self.run_dir.path(name).write_text(config_yaml)
         if self._logs(0):
-            self.tensorboard.experiment.add_text("config", f"```\n{config_yaml}\n```", 0)
+            with writing(self.run_dir.path("tensorboard")):
+                self.tensorboard.experiment.add_text("config", f"```\n{config_yaml}\n```", 0)
         self.note(description)
 
     def record_placement(self, placement: dict) -> None:
@@ -153,7 +158,7 @@ class Recorder:
         self.rounds.append(row)
         if not self.enabled:
             return
-        with open(self.run_dir.path(METRICS), "a") as f:
+        with writing(self.run_dir.path(METRICS)), open(self.run_dir.path(METRICS), "a") as f:
             f.write(json.dumps(row) + "\n")
         step = row["round"] + 1
         scalars = {
@@ -213,7 +218,8 @@ class Recorder:
     def _scalars(self, scalars: dict, step: int) -> None:
         if self._logs(step):
             clean = {k: v for k, v in scalars.items() if v is not None and math.isfinite(v)}
-            self.tensorboard.log_metrics(clean, step=step)
+            with writing(self.run_dir.path("tensorboard")):
+                self.tensorboard.log_metrics(clean, step=step)
 
     def finish(self, settings: dict, extra: dict) -> dict:
         """summary.json. The final accuracies are the last round's; with no round (zero-shot CLIP) the model
@@ -236,7 +242,8 @@ class Recorder:
             "settings": settings,
         }
         if self.enabled:
-            self.run_dir.path("summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            with writing(self.run_dir.path("summary.json")):
+                self.run_dir.path("summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if self.tensorboard is not None:
             metrics = {
                 "hparams/final_mean_accuracy": summary["final_mean_accuracy"],
@@ -244,9 +251,10 @@ class Recorder:
                 "hparams/zero_shot_client_mean": summary.get("zero_shot_client_mean"),
             }
             present = {k: v for k, v in metrics.items() if v is not None}
-            if present:  # the settings with the final metrics, for TensorBoard's HPARAMS tab
-                self.tensorboard.log_hyperparams(settings, present, step=len(self.rounds))
-            self.tensorboard.finalize("success")
+            with writing(self.run_dir.path("tensorboard")):
+                if present:  # the settings with the final metrics, for TensorBoard's HPARAMS tab
+                    self.tensorboard.log_hyperparams(settings, present, step=len(self.rounds))
+                self.tensorboard.finalize("success")
         if self.rounds:
             self.note(summary_table(self.rounds, self.zero_shot.get("zero_shot_client_accuracy"), self.test_labels))
         if not self.rounds or not self.test_labels:  # zero-shot CLIP (nothing was trained), or no accuracy to give

@@ -206,6 +206,18 @@ def settings_diff(saved: dict, now: dict) -> list[str]:
     return [f"{key}: {old!r} (checkpoint) -> {new!r} (now)" for key, (old, new) in changed_settings(saved, now).items()]
 
 
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """Writes to `path` inside: an OSError that names no file (a full disk met by a file object's write, by
+    TensorBoard's writer) names `path`, so that the run's one-line error says which file could not be written."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename:
+            raise
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
+
+
 def target(output_dir: str | None, resume: bool | str) -> str | None:
     """The run directory's path as run.output_dir and run.resume give it (None: a new timestamped one)."""
     if isinstance(resume, str) and resume != "auto" and output_dir is None:
@@ -286,10 +298,24 @@ def claim(root: str | Path, create: bool) -> Claim:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         os.fsync(fd)  # other nodes read it next (check_shared)
+        claimed = Claim(root, fd, created, nonce, previous)
     except BaseException:
         os.close(fd)
         raise
-    return Claim(root, fd, created, nonce, previous)
+    unwritable = read_only(root)
+    if unwritable:
+        claimed.release()
+        raise RunDirError(f"run.output_dir={root} has folders or files fedur cannot write: {', '.join(unwritable[:5])}"
+                          f"{' ...' if len(unwritable) > 5 else ''}; fix their permissions (or the mount), or choose another "
+                          "run.output_dir")
+    return claimed
+
+
+def read_only(root: Path) -> list[str]:
+    """What a run in `root` would have to write into (its folders, metrics.jsonl it appends to) and cannot:
+    checked before any compute, so a read-only folder does not end a run after its first round."""
+    paths = [root, *(p for p in root.rglob("*") if p.is_dir()), root / METRICS]
+    return [str(p) for p in paths if p.exists() and not os.access(p, os.W_OK)]
 
 
 def _lock(fd: int, root: Path) -> None:
