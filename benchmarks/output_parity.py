@@ -40,6 +40,7 @@ def cases() -> dict[str, list[str]]:
     tiny, smoke = ["--config", "configs/tiny.yaml"], ["--config", "configs/smoke.yaml"]
     out = {f"{m.lower()}-{lab.lower()}": [*tiny, "--method", m, "--labeller", lab] for m in METHODS for lab in LABELLERS}
     out["zeroshot"] = [*tiny, "--method", "ZeroShot"]
+    out["gdau"] = [*tiny, "--method", "GDAU"]
     out.update({f"{m.lower()}-{lab.lower()}-g2": [*tiny, "--run.clients_per_step", "2", "--method", m, "--labeller", lab]
                 for m in FUSED for lab in LABELLERS})
     codpl = [*tiny, "--method", "FedUR", "--labeller", "CoDPL"]
@@ -60,8 +61,9 @@ def cases() -> dict[str, list[str]]:
         "fedur-fpl8": [*tiny, "--method", "FedUR", "--labeller", "FPL", "--labeller.per_class", "8",
                        "--labeller.class_weights", "inv", "--labeller.negatives", "threshold"],
     })
-    out.update({f"smoke-{m.lower()}": [*smoke, "--method", m] for m in (*METHODS, "ZeroShot")})
+    out.update({f"smoke-{m.lower()}": [*smoke, "--method", m] for m in (*METHODS, "ZeroShot", "GDAU")})
     out["smoke-fedur-g2"] = [*smoke, "--run.clients_per_step", "2", "--method", "FedUR"]
+    out["smoke-fedur-workers2"] = [*smoke, "--data.num_workers", "2", "--method", "FedUR"]  # its order changed on purpose
     return out
 
 

@@ -262,6 +262,30 @@ def flat_settings(settings: dict) -> dict:
     return flat
 
 
+# Settings that name a file: what changes results is the file's content, not where it lies (a data folder that
+# moves with its classnames.txt resumes); a checkpoint records, and a resume compares, the content's digest.
+FILE_SETTINGS = ("data.classnames_file", "federation.partition_file")
+DIGEST = "sha256:"
+
+
 def result_settings(settings: dict) -> dict:
-    """The flat settings (`flat_settings`) that change results: what a checkpoint records and a resume compares."""
-    return {key: value for key, value in flat_settings(settings).items() if key not in RESULT_NEUTRAL}
+    """The flat settings (`flat_settings`) that change results: what a checkpoint records and a resume compares;
+    a file setting as the digest of the file's content (`file_digest`)."""
+    flat = {key: value for key, value in flat_settings(settings).items() if key not in RESULT_NEUTRAL}
+    for key in FILE_SETTINGS:
+        if flat.get(key) is not None:
+            flat[key] = file_digest(flat[key])
+    return flat
+
+
+def file_digest(path: str) -> str:
+    """"sha256:<hex>" of the file's bytes; a file that cannot be read: its path as given (read errors are the
+    data layer's to report)."""
+    import hashlib
+    import os
+
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            return DIGEST + hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return path

@@ -304,6 +304,12 @@ def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
         run_dir, resume = run_dirs.resolve(
             root, run.resume, run.force_resume, cfg.federation.num_clients, result_settings(cfg.settings)
         )
+        rounds = cfg.method.rounds(cfg.federation.rounds)
+        if resume is not None and resume.round_idx + 1 >= rounds and run_dir.path("summary.json").is_file():
+            if fabric.is_global_zero:
+                print(f"fedur: {run_dir.root} is finished: all {rounds} round(s) are committed and its summary.json is written; "
+                      f"nothing to resume (a larger --federation.rounds trains on from round {rounds + 1})")
+            return None
         claim.keep()
         if run.resume == "auto" and resume is None and fabric.is_global_zero and run_dir.root.is_dir():
             removed = run_dir.clear_without_commit()  # a job that died before its first commit starts over

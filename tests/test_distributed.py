@@ -137,3 +137,16 @@ def test_a_bad_setting_under_fabric_run_is_printed_once_by_rank_zero():
     assert output.count("fedur: error:") == 1, output[-3000:]
     assert result.stderr.startswith('fedur: error: Parser key "federation.beta": Not of type PositiveFloat: -1'), output[-3000:]
     assert "exitcode  : 2" in output  # rank 0's exit is what the launcher reports
+
+
+def test_two_jobs_on_one_machine_through_the_launch_script_both_run(tmp_path):
+    """`fabric run`'s default port is the same for every job: a second job on the machine failed with a 30-line
+    EADDRINUSE traceback. launch/local.sh picks a free port for each."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    jobs = [subprocess.Popen(["bash", "launch/local.sh", "cpu:2", "--config", "configs/tiny.yaml", "--federation.rounds", "2",
+                              "--run.output_dir", str(tmp_path / f"job{i}"), "--run.progress", "false"],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 2)]
+    outputs = [job.communicate(timeout=300)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    assert all((tmp_path / f"job{i}" / "summary.json").is_file() for i in (1, 2))

@@ -190,7 +190,9 @@ def test_a_run_that_skipped_unreadable_images_replays_from_its_partition_json(tm
     base = [*SMOKE, *QUIET, "--dataset", "ClientFolders", "--dataset.root", str(tmp_path / "data"),
             "--data.classnames_file", str(names), "--data.corrupt_images", "skip"]
     drawn = {"drawn": [*base, "--federation.partition", "clients"]}
-    run_ok([sys.executable, "tests/run_many.py", *runs_argv(drawn, tmp_path)], timeout=300)
+    said = run_ok([sys.executable, "tests/run_many.py", *runs_argv(drawn, tmp_path)], timeout=300).stdout
+    assert said.count("2 unreadable image(s) left out (data.corrupt_images skip), e.g. ") == 1  # said once, and where
+    assert f"skipped_ids in {tmp_path / 'drawn' / 'partition.json'}" in said
     written = json.loads((tmp_path / "drawn" / "partition.json").read_text())
     assert written["skipped_ids"] == {"train": ["clients/site_01/train/img_0045.png"],
                                       "test": ["clients/site_02/test/circle/broken.png"]}

@@ -22,7 +22,7 @@ from fedur.train.faults import ENV as FAULT_ENV
 from fedur.train.faults import InjectedFault
 from fedur.train.run_dir import RunDirError
 
-from .conftest import REPO, free_port, scalar_curve
+from .conftest import REPO, free_port, read_rounds, scalar_curve
 
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
 
@@ -281,3 +281,33 @@ def test_a_resume_may_change_how_many_clients_train_per_step(reference, tmp_path
     assert got.keys() == want.keys()
     floats = [name for name in want if want[name].is_floating_point()]
     assert floats and all(torch.allclose(got[name], want[name], atol=1e-4) for name in floats)
+
+
+def test_a_resume_compares_the_class_names_files_content_not_its_path(tmp_path):
+    """The docs' own layout keeps classnames.txt in the data folder: a moved folder must resume (the path changed,
+    not the names); a file whose names changed must not."""
+    names = ["disc", "box", "wedge", "asterisk", "plus"]
+    first = tmp_path / "old-place" / "classnames.txt"
+    first.parent.mkdir()
+    first.write_text("\n".join(names) + "\n")
+    run_dir = tmp_path / "run"
+    run_in_process(run_dir, "--federation.rounds", "1", "--data.classnames_file", str(first))
+    moved = tmp_path / "new-place" / "classnames.txt"
+    moved.parent.mkdir()
+    first.rename(moved)
+    run_in_process(run_dir, "--federation.rounds", "2", "--run.resume", "true", "--data.classnames_file", str(moved))
+    assert [r["round"] for r in read_rounds(run_dir)] == [0, 1]
+    moved.write_text("\n".join(reversed(names)) + "\n")
+    with pytest.raises(RunDirError, match="data.classnames_file: the file's content differs from the checkpoint's"):
+        run_in_process(run_dir, "--federation.rounds", "3", "--run.resume", "true", "--data.classnames_file", str(moved))
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_in_process(run_dir, "--federation.rounds", "1")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert run_in_process(run_dir, "--federation.rounds", "1", "--run.resume", "true") is None
+    said = capsys.readouterr().out
+    assert f"{run_dir} is finished: all 1 round(s) are committed" in said and "next" not in said
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before

@@ -35,6 +35,7 @@ from torch import Tensor
 warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_gather is deprecated")
 
 MAX_DIMS = 6
+SUM_CHUNK_BYTES = 256 * 2**20  # per rank and exchange of sum_clients
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool, torch.uint8]
 
 
@@ -98,6 +99,24 @@ class Collectives:
         self._agree(what, out)
         # The copy to the host is where an asynchronous NCCL failure surfaces: inside the error handling too.
         return self._call(what, lambda: self.comm.all_reduce(out, reduce_op="sum").cpu())
+
+    def sum_clients(self, values: dict[int, Tensor], num_clients: int, like: Tensor, include: Tensor, what: str,
+                    max_bytes: int = SUM_CHUNK_BYTES) -> Tensor:
+        """The sum of values[k] over the clients k with include[k], added one client at a time in client-id order
+        (so the same bits on every rank and for every placement): like gather_clients(...)[include] summed in
+        order, but exchanged in chunks of clients of at most `max_bytes` per rank (a (K, D, D) float64 exchange
+        at K = 1,000 and D = 768 would be 4.7 GB). Every rank must call this; nothing included gives zeros."""
+        per_client = max(like.numel() * like.element_size(), 1)
+        chunk = max(1, max_bytes // per_client)
+        total = None
+        for start in range(0, num_clients, chunk):
+            stop = min(start + chunk, num_clients)
+            part = {k - start: v for k, v in values.items() if start <= k < stop}
+            rows = self.gather_clients(part, stop - start, like=like, what=f"{what} (clients {start}-{stop - 1})")
+            for k in range(start, stop):
+                if include[k]:
+                    total = rows[k - start].clone() if total is None else total + rows[k - start]
+        return torch.zeros_like(like, device="cpu") if total is None else total
 
     def gather_ranks(self, value: Tensor, what: str) -> Tensor:
         """(world_size, *shape): row r is rank r's `value` (the same shape and dtype on every rank)."""

@@ -63,6 +63,9 @@ class Method:
     prompts: ClassVar[tuple[str, ...]] = ("visual", "text_ctx")
     trains: ClassVar[bool] = True  # local SGD on pseudo-labels; False: training-free (no labeller, no tuner)
     shared: tuple[str, ...] = ("visual",)  # the pieces the server aggregates (instance-level: an ablation may change it)
+    # Shared pieces the server needs only summed over the clients that took part (sufficient statistics): they reach
+    # `aggregate` as that sum, added in client-id order and exchanged in chunks of clients (bounded memory per rank).
+    summed: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -166,7 +169,8 @@ class Method:
     def aggregate(self, uploads: dict[str, Tensor], weights: Tensor, current: dict[str, Tensor],
                   state: dict[str, Tensor]) -> dict[str, Tensor]:
         """The new global pieces from `uploads` {name: (K, *shape)} (row k: client k's upload; zeros for a
-        client with weight 0) and `weights` (K,), given the `current` ones. `state`: the method's own server
+        client with weight 0; for a piece in `summed`, (*shape): the sum over the clients with weight > 0) and
+        `weights` (K,), given the `current` ones. `state`: the method's own server
         state, kept between rounds and checkpointed (change it in place). Default: the weighted average in
         client-id order; a piece nobody uploaded keeps its value."""
         out = {}

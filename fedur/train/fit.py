@@ -75,6 +75,9 @@ def fit(
     recorder.start(config_yaml, describe(rank, cfg))
     recorder.record_placement(gather_placement(rank))
     recorder.record_partition(truth.partition)
+    if skipped:  # said once, on the console too (data.corrupt_images skip)
+        recorder.note(f"{len(skipped)} unreadable image(s) left out (data.corrupt_images skip), e.g. {skipped[0]}; every one "
+                      f"of them: skipped_ids in {run_dir.path('partition.json')} (and skipped_images in summary.json)")
     recorder.note_unlabelled(truth.train_labels is not None, rank.dataset.test.labelled and len(rank.dataset.test) > 0)
 
     method, labeller = rank.method, rank.tuner.labeller

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedur.config import DIGEST, FILE_SETTINGS, file_digest
 from fedur.train import checkpoint
 
 if TYPE_CHECKING:
@@ -197,13 +198,27 @@ def changed_settings(saved: dict, now: dict) -> dict[str, tuple]:
     (a tuple now equals the list a marker holds)."""
     now = json.loads(json.dumps(now))
     saved = {**{key: value for key, value in ADDED_SETTINGS.items() if key in now}, **saved}
+    for key in FILE_SETTINGS:  # a checkpoint from before file settings were digests holds the path: read it now
+        if isinstance(saved.get(key), str) and not saved[key].startswith(DIGEST):
+            saved[key] = file_digest(saved[key])
     keys = sorted(set(saved) | set(now))
     return {key: (saved.get(key, ABSENT), now.get(key, ABSENT)) for key in keys if saved.get(key, ABSENT) != now.get(key, ABSENT)}
 
 
 def settings_diff(saved: dict, now: dict) -> list[str]:
-    """`key: old (checkpoint) -> new (now)` for every setting that differs."""
-    return [f"{key}: {old!r} (checkpoint) -> {new!r} (now)" for key, (old, new) in changed_settings(saved, now).items()]
+    """`key: old (checkpoint) -> new (now)` for every setting that differs (a file setting: its content changed)."""
+    lines = []
+    for key, (old, new) in changed_settings(saved, now).items():
+        if key in FILE_SETTINGS and isinstance(old, str) and isinstance(new, str) and DIGEST in old + new:
+            lines.append(f"{key}: the file's content differs from the checkpoint's ({_short(old)} (checkpoint) -> "
+                         f"{_short(new)} (now))")
+        else:
+            lines.append(f"{key}: {old!r} (checkpoint) -> {new!r} (now)")
+    return lines
+
+
+def _short(value: str) -> str:
+    return value[: len(DIGEST) + 12] if value.startswith(DIGEST) else repr(value)
 
 
 @contextlib.contextmanager

@@ -48,15 +48,19 @@ class ServerState:
 
 
 def exchange(rank: Rank, server: ServerState, weights: Tensor) -> None:
-    """The clients with weight > 0 upload (Method.upload), every rank gathers the uploads in client-id order,
-    the method aggregates them into the new global pieces (and its server state), and every client, also one
-    that sat the round out, downloads them. Every rank calls this."""
+    """The clients with weight > 0 upload (Method.upload), every rank gathers the uploads in client-id order (or,
+    for the pieces in Method.summed, their sum, in client-id order and in chunks of clients), the method
+    aggregates them into the new global pieces (and its server state), and every client, also one that sat the
+    round out, downloads them. Every rank calls this."""
     method = rank.method
     local = {c.client_id: method.upload(c, rank) for c in rank.clients if weights[c.client_id] > 0}
-    uploads = {
-        name: rank.gather({k: pieces[name] for k, pieces in local.items()}, like=current, what=f"{name} uploads")
-        for name, current in server.shared.items()
-    }  # {name: (K, *shape)}
+    uploads = {}  # {name: (K, *shape)}, or the (*shape) sum over the clients that took part for method.summed
+    for name, current in server.shared.items():
+        pieces, what = {k: upload[name] for k, upload in local.items()}, f"{name} uploads"
+        if name in method.summed:
+            uploads[name] = rank.collectives.sum_clients(pieces, rank.num_clients, current, weights > 0, what)
+        else:
+            uploads[name] = rank.gather(pieces, like=current, what=what)
     server.shared = method.aggregate(uploads, weights, server.shared, server.method)
     check_tensors(server.method, f"{type(method).__name__}.aggregate's server state")
     for client in rank.clients:

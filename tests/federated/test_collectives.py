@@ -117,3 +117,28 @@ def test_the_heartbeat_ends_a_rank_whose_peer_died_even_outside_collectives():
     assert survivor.exitcode == 1, "rank 0 should have stopped with an error"
     print(f"heartbeat: rank 0 stopped {seconds:.1f} s after its peer died (peer_timeout 20 s)")
     assert seconds < 60
+
+
+class OneRank:
+    """A communicator of one rank: gathers are the local rows."""
+
+    device, world_size, global_rank = torch.device("cpu"), 1, 0
+
+
+def test_sums_in_chunks_of_clients_are_the_sums_in_client_order_bit_for_bit():
+    """GDA-U's statistics are summed, not gathered whole: in chunks of clients (bounded memory per rank), each
+    client added in client-id order as one gather would give them."""
+    generator = torch.Generator().manual_seed(0)
+    values = {k: torch.randn(3, 3, dtype=torch.float64, generator=generator) * 10 ** (k % 5) for k in range(7)}
+    include = torch.tensor([True, False, True, True, False, True, True])
+    collectives = Collectives(OneRank())
+    rows = collectives.gather_clients(values, 7, like=torch.zeros(3, 3, dtype=torch.float64), what="statistics")
+    expected = None
+    for k in range(7):
+        if include[k]:
+            expected = rows[k].clone() if expected is None else expected + rows[k]
+    for max_bytes in (72, 72 * 2, 72 * 3, 10**9):  # one client per chunk, two, three, all in one
+        total = collectives.sum_clients(values, 7, torch.zeros(3, 3, dtype=torch.float64), include, "statistics", max_bytes)
+        assert torch.equal(total.view(torch.int64), expected.view(torch.int64))
+    nobody = collectives.sum_clients({}, 7, torch.zeros(2), torch.zeros(7, dtype=torch.bool), "statistics")
+    assert torch.equal(nobody, torch.zeros(2))
