@@ -26,7 +26,7 @@ timeout; what is checked is read from the metrics.jsonl, summary.json and prompt
   demo-fp32          the same at 32-true
   repeat-bf16        demo-bf16 again with the same settings: bitwise equal to it (every metric but the timings,
                      the summary's accuracies, every prompt file)
-  resume-bf16        killed in round index 2 (FEDUR_FAULT=kill:train:2:0: rounds 0 and 1 committed), then
+  resume-bf16        killed in round 3 (FEDUR_FAULT=kill:train:3:0: rounds 1 and 2 committed), then
                      --run.resume true on the same run directory: bitwise equal to demo-bf16
   methods            every method (--method X) for 2 rounds: finishes with finite metrics
   clients-per-step   one round with --run.clients_per_step 4 against 1 (bf16): the same pseudo-label counts
@@ -418,16 +418,16 @@ def step_repeat_bf16(ctx: Context, step: Step) -> str:
 
 def step_resume_bf16(ctx: Context, step: Step) -> str:
     run_dir = ctx.runs / "resume-bf16"
-    # Round indices count from 0: the kill comes while round 2 trains, after rounds 0 and 1 were committed.
-    code, output, _ = ctx.fedur(step, run_dir, env={"FEDUR_FAULT": "kill:train:2:0"}, check=False)
+    # Rounds count from 1: the kill comes while round 3 trains, after rounds 1 and 2 were committed.
+    code, output, _ = ctx.fedur(step, run_dir, env={"FEDUR_FAULT": "kill:train:3:0"}, check=False)
     if code != -signal.SIGKILL or "injected fault" not in output:
         raise StepFailure(f"the injected kill did not happen as planned (exit {code}): {tail(output)}")
     committed = sorted(int(p.parent.name.split("_")[-1]) for p in run_dir.glob("checkpoints/round_*/COMMITTED.json"))
     step.figures["committed_before_resume"] = committed
-    if not committed or committed[-1] != 1:
-        raise StepFailure(f"after the kill the committed rounds are {committed}, not up to round 1")
+    if not committed or committed[-1] != 2:
+        raise StepFailure(f"after the kill the committed rounds are {committed}, not up to round 2")
     ctx.fedur(step, run_dir, "--run.resume", "true")
-    return f"killed in round index 2 (rounds {committed} committed), resumed: {compare_with_demo(ctx, step, run_dir)}"
+    return f"killed in round 3 (rounds {committed} committed), resumed: {compare_with_demo(ctx, step, run_dir)}"
 
 
 def step_methods(ctx: Context, step: Step) -> str:
@@ -529,7 +529,7 @@ def step_round_cost(ctx: Context, step: Step) -> str:
     last = rows[-1]
     rates = ", ".join(f"{phase} {rate:,.0f} img/s" for phase, rate in last["images_per_s"].items())
     return (f"{run['model']}, {run['clients']} clients, {run['train_images']} train / {run['test_images']} test images, "
-            f"round {last['round'] + 1}: {rates} (round {last['round_seconds']:.2f} s, floor {last['floor_seconds']:.2f} s); "
+            f"round {last['round']}: {rates} (round {last['round_seconds']:.2f} s, floor {last['floor_seconds']:.2f} s); "
             f"{matmul['dtype']} {matmul['n']}^3 matmul {matmul['median_flops_per_s'] / 1e12:,.1f} TFLOP/s "
             f"(median of {matmul['reps']}, best {matmul['best_flops_per_s'] / 1e12:,.1f})")
 

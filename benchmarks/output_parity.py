@@ -6,6 +6,9 @@ and the switches, run by two checkouts, compared file by file.
     python benchmarks/output_parity.py run . /tmp/parity/after
     python benchmarks/output_parity.py compare /tmp/parity/before /tmp/parity/after
 
+Rounds are compared by rounds completed, so a run from before rounds were counted from 1 in the files
+(metrics.jsonl's "round", summary.json's "best_round", checkpoints/round_NNNNN) compares with one after.
+
 A case is a run of configs/tiny.yaml (random-init tiny CLIP, 4 rounds, two refreshes) or of the demo
 (configs/smoke.yaml). `compare` checks, per case: every metrics.jsonl row but the timings, summary.json
 (but wall time, settings and placement; a key the older run lacks is an addition, not a difference),
@@ -117,29 +120,46 @@ def tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
     return {name: t for key, value in items for name, t in tensors(value, f"{prefix}.{key}").items()}
 
 
+def first_round(run: Path) -> int:
+    """The number a run gives its first round in its files: 0 before fedur counted rounds from 1 (checkpoint
+    format 1), 1 since (format 2)."""
+    marker = next(run.glob("checkpoints/round_*/COMMITTED.json"), None)
+    return 1 if marker is None or json.loads(marker.read_text()).get("format", 1) >= 2 else 0
+
+
+def numbered(path: Path, first: int) -> Path:
+    """`path` with a checkpoint folder round_NNNNN named by rounds completed (so both numberings compare)."""
+    return Path(*(f"round_{int(p[6:]) + 1 - first:05d}" if p.startswith("round_") and p[6:].isdigit() else p for p in path.parts))
+
+
 def differences(a: Path, b: Path) -> list[str]:
     found = []
+    firsts = [first_round(d) for d in (a, b)]
     rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] if (d / "metrics.jsonl").exists()
             else [] for d in (a, b)]
     if len(rows[0]) != len(rows[1]):
         found.append(f"rounds: {len(rows[0])} vs {len(rows[1])}")
     for x, y in zip(*rows):
+        x, y = ({**row, "round": row["round"] + 1 - first} for row, first in zip((x, y), firsts))  # rounds completed
         keys = sorted(k for k in set(x) | set(y) if k not in TIMING and x.get(k) != y.get(k))
         if keys:
             found.append(f"metrics round {x['round']}: {keys}")
     summaries = [json.loads((d / "summary.json").read_text()) for d in (a, b)]
+    for summary, first in zip(summaries, firsts):
+        if summary.get("best_round") is not None:
+            summary["best_round"] += 1 - summary.get("first_round", first)
     found += [f"summary {k}" for k in summaries[0] if k not in SUMMARY_SKIP and summaries[0][k] != summaries[1].get(k)]
     for name in ("zero_shot.json", "partition.json", "confusion.json"):
         texts = [(d / name).read_text() if (d / name).exists() else None for d in (a, b)]
         if texts[0] != texts[1]:
             found.append(name)
-    files = [sorted(p.relative_to(d) for p in d.rglob("*.pt")) for d in (a, b)]
-    if files[0] != files[1]:
+    files = [{numbered(p.relative_to(d), first): p for p in d.rglob("*.pt")} for d, first in zip((a, b), firsts)]
+    if set(files[0]) != set(files[1]):
         found.append(f".pt files: {sorted(set(files[0]) ^ set(files[1]))}")
-    for path in files[0]:
-        if not (b / path).exists():
+    for path in sorted(files[0]):
+        if path not in files[1]:
             continue
-        x, y = (tensors(torch.load(d / path, weights_only=True)) for d in (a, b))
+        x, y = (tensors(torch.load(side[path], weights_only=True)) for side in files)
         if set(x) - set(y):  # a tensor the newer run lacks (one it adds is an addition, like a summary key)
             found.append(f"{path}: missing {sorted(set(x) - set(y))}")
         found += [f"{path}{k}" for k in sorted(x.keys() & y.keys())

@@ -63,6 +63,7 @@ from torch.utils.flop_counter import FlopCounterMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fedur.metrics import round_numbers  # noqa: E402
 from fedur.model.classifier import PromptedCLIP  # noqa: E402
 from fedur.model.clip import encode_text_embeddings, load_clip  # noqa: E402
 from fedur.model.text_tower import encode_text_shared_prefix  # noqa: E402
@@ -460,9 +461,9 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
     train_cost, eval_cost, plain_cost = costs["train"], costs["eval"], costs["eval_plain"]
 
     rounds = []
-    for row in rows:
+    for row, number in zip(rows, round_numbers(rows)):
         trained = sum(row["selected"])  # local_epochs = 1
-        refresh_cost = plain_cost if row["round"] == 0 else eval_cost  # round 0: zero-shot CLIP labels
+        refresh_cost = plain_cost if number == 1 else eval_cost  # the first round: zero-shot CLIP labels
         floor = {
             "refresh": n_train * refresh_cost if row.get("refreshed") else 0.0,
             "train": trained * train_cost,
@@ -470,7 +471,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
             "evaluate": n_test * eval_cost,
         }
         rounds.append({
-            "round": row["round"], "round_seconds": row["round_seconds"], "phase_seconds": row.get("phase_seconds"),
+            "round": number, "round_seconds": row["round_seconds"], "phase_seconds": row.get("phase_seconds"),
             "trained_images": trained, "refreshed": row.get("refreshed"), "floor": floor,
             "floor_seconds": sum(floor.values()), "bytes_sent": row.get("bytes_sent"),
         })

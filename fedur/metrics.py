@@ -27,3 +27,10 @@ def best(values: list[float | None]) -> tuple[float | None, int | None]:
 def fmt(value: float | None, digits: int = 2, missing: str = "n/a") -> str:
     """A number with `digits` decimals, or `missing`."""
     return missing if value is None else f"{value:.{digits}f}"
+
+
+def round_numbers(rows: list[dict]) -> list[int]:
+    """Each metrics.jsonl row's round counted from 1 (rounds completed). Rows count from 1 ("round": 1 is the
+    first round); runs from before fedur counted that way started at 0, and are read as such."""
+    first = rows[0]["round"] if rows else 1
+    return [r["round"] + 1 - first for r in rows]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from fedur.metrics import best, fmt
+from fedur.metrics import best, fmt, round_numbers
 from fedur.plots import line_plot, save
 from fedur.train.progress import format_duration
 
@@ -45,7 +45,7 @@ class Run:
 
     def curve(self, values: list[float | None]) -> tuple[list[int], list[float | None]]:
         """(rounds completed, value): step 0 is zero-shot when known, then one point per round."""
-        return [0, *(r["round"] + 1 for r in self.rounds)], values
+        return [0, *round_numbers(self.rounds)], values
 
 
 def _read_json(path: Path) -> dict:

@@ -186,7 +186,7 @@ def bad_input_case(case: str, tmp_path, finished_run):
         resume = ["--run.resume", "true", "--run.output_dir", str(copy)]
         if case == "changed settings":
             return [*resume, "--model.n_ctx", "8"], "model.n_ctx: 4 (checkpoint) -> 8 (now)"
-        victim = copy / "checkpoints" / "round_00000" / "client_002.pt"
+        victim = copy / "checkpoints" / "round_00001" / "client_002.pt"
         victim.write_bytes(victim.read_bytes()[:100])
         return resume, f"checkpoint file {victim} is corrupt"
     if case in ("truncated weights", "weights of another architecture"):

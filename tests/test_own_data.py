@@ -160,9 +160,9 @@ def test_unlabelled_own_folders_killed_on_two_ranks_then_resumed_equal_the_unint
     root, _ = runs
     run_dir = tmp_path / "run"
     args = [*QUIET, *own_args(data, "unlabelled"), "--run.output_dir", str(run_dir)]
-    killed = launch(args, fabric_ranks=2, fault="kill:train:1:1")
+    killed = launch(args, fabric_ranks=2, fault="kill:train:2:1")
     out, _ = timed_output(killed)
-    assert killed.returncode != 0 and "injected fault: kill at train of round 1 on rank 1" in out, out[-2000:]
+    assert killed.returncode != 0 and "injected fault: kill at train of round 2 on rank 1" in out, out[-2000:]
     resumed = launch([*args, "--run.resume", "true"], fabric_ranks=2)
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out[-3000:]

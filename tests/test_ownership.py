@@ -207,10 +207,10 @@ def read_only(folder: Path):
 
 def test_a_live_run_owns_its_directory_and_a_killed_one_leaves_no_stale_lock(tmp_path, procs, references):
     run_dir = tmp_path / "run"
-    # The first run commits round 0, then hangs in round 1's training: alive, holding its directory.
-    first = procs.start(fedur(*TINY, "--run.output_dir", run_dir), env={"FEDUR_FAULT": "hang:train:1:0"})
-    wait_for(run_dir / "checkpoints" / "round_00000" / "COMMITTED.json", first)
-    wait_for_output(first, "injected fault: hang at train of round 1 on rank 0")
+    # The first run commits round 1, then hangs in round 2's training: alive, holding its directory.
+    first = procs.start(fedur(*TINY, "--run.output_dir", run_dir), env={"FEDUR_FAULT": "hang:train:2:0"})
+    wait_for(run_dir / "checkpoints" / "round_00001" / "COMMITTED.json", first)
+    wait_for_output(first, "injected fault: hang at train of round 2 on rank 0")
     before = snapshot(run_dir, skip=("tensorboard",))  # the writer thread may flush on its own clock
 
     second = procs.start(fedur(*TINY, "--run.output_dir", run_dir))
@@ -223,7 +223,7 @@ def test_a_live_run_owns_its_directory_and_a_killed_one_leaves_no_stale_lock(tmp
     assert first.popen.poll() is None
 
     first.kill()  # SIGKILL: no cleanup, the lock file stays behind, unheld
-    assert (run_dir / "fedur.lock").exists() and committed(run_dir) == ["round_00000"]
+    assert (run_dir / "fedur.lock").exists() and committed(run_dir) == ["round_00001"]
     resumed = procs.run(fedur(*TINY, "--run.output_dir", run_dir, "--run.resume", "true"))
     assert resumed.popen.returncode == 0, resumed.tail()
     assert_same_results(run_dir, references["tiny"], CLIENTS)
@@ -260,7 +260,7 @@ def test_every_node_must_see_the_directory_rank_0_claimed(tmp_path, procs, refer
 def test_a_rank_dies_with_its_launcher(tmp_path, procs, references):
     run_dir = tmp_path / "launcher-killed"
     launcher = procs.start(fabric("--devices", 2, "--main-port", free_port(), args=[*SMOKE, "--run.output_dir", run_dir]))
-    wait_for(run_dir / "checkpoints" / "round_00001" / "COMMITTED.json", launcher)
+    wait_for(run_dir / "checkpoints" / "round_00002" / "COMMITTED.json", launcher)
     os.killpg(launcher.pid, signal.SIGKILL)  # what a terminal or a job runner does to the launcher's group
     launcher.wait(30)
     deadline = time.monotonic() + 10
@@ -268,7 +268,7 @@ def test_a_rank_dies_with_its_launcher(tmp_path, procs, references):
         time.sleep(0.1)
     left = pids_naming(str(run_dir))
     assert not left, f"ranks outlived their launcher by 10 s: {left}; committed {committed(run_dir)}"
-    assert not (run_dir / "checkpoints" / "round_00003").exists() and not (run_dir / "summary.json").exists()
+    assert not (run_dir / "checkpoints" / "round_00004").exists() and not (run_dir / "summary.json").exists()
 
     resumed = procs.run(fedur(*SMOKE, "--run.output_dir", run_dir, "--run.resume", "true"))
     assert resumed.popen.returncode == 0, resumed.tail()
@@ -294,7 +294,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_resume_equals_the_uninterr
     try:
         run_dir = disk / "run"
         process = procs.start(fedur(*SMOKE, "--run.output_dir", run_dir))
-        wait_for(run_dir / "checkpoints" / "round_00001" / "COMMITTED.json", process)
+        wait_for(run_dir / "checkpoints" / "round_00002" / "COMMITTED.json", process)
         os.kill(process.pid, signal.SIGSTOP)
         fill(disk / "filler")
         os.kill(process.pid, signal.SIGCONT)
@@ -306,7 +306,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_resume_equals_the_uninterr
         assert found, line
         assert found[1].startswith(str(run_dir)), line
         assert found[3] == str(run_dir / "checkpoints"), line
-        assert f"round_{int(found[2]) - 1:05d}" == committed(run_dir)[-1], (line, committed(run_dir))
+        assert f"round_{int(found[2]):05d}" == committed(run_dir)[-1], (line, committed(run_dir))  # counted from 1
 
         (disk / "filler").unlink()
         resumed = procs.run(fedur(*SMOKE, "--run.output_dir", run_dir, "--run.resume", "true"))

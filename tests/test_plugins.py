@@ -61,7 +61,7 @@ def test_a_plugin_resumes_exactly_after_a_crash(tmp_path):
     run_in_process(tmp_path / "uninterrupted", *flags)
     run_dir = tmp_path / "run"
     with pytest.raises(Exception, match="injected fault"):
-        run_in_process(run_dir, *flags, fault="raise:commit:1:0")
+        run_in_process(run_dir, *flags, fault="raise:commit:2:0")
     assert checkpoint.latest(run_dir).round_idx == 0
     run_in_process(run_dir, *flags, "--run.resume", "true")
     assert_same_run(run_dir, tmp_path / "uninterrupted")

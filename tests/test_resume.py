@@ -119,9 +119,10 @@ def reference(tmp_path_factory) -> Path:
 
 
 def test_every_round_is_committed_and_old_ones_pruned(reference, tmp_path):
-    assert [r for r, _ in checkpoint.committed_rounds(reference)] == [0, 1, 2]
+    assert [r for r, _ in checkpoint.committed_rounds(reference)] == [1, 2, 3]  # round_00001: after round 1
     marker = checkpoint.latest(reference).marker
-    assert marker.round_idx == 2 and marker.num_clients == 4 and marker.settings["federation.beta"] == 0.5
+    assert marker.round_idx == 2 and marker.number == 3 and marker.format == checkpoint.FORMAT
+    assert marker.num_clients == 4 and marker.settings["federation.beta"] == 0.5
     assert marker.settings["method"] == "fedur.methods.fedur.FedUR" and marker.settings["labeller"] is None
     client = checkpoint.load(checkpoint.client_file(checkpoint.latest(reference).folder, 3))
     assert set(client) >= {"prompts", "optimizer_state", "pseudo_labels", "train_indices", "extra"}
@@ -132,38 +133,38 @@ def test_every_round_is_committed_and_old_ones_pruned(reference, tmp_path):
     assert shared["refresh"]["class_weights"].shape == (5,)
 
     run_in_process(tmp_path / "pruned", "--federation.rounds", "2", "--run.keep_checkpoints", "1")
-    assert [r for r, _ in checkpoint.committed_rounds(tmp_path / "pruned")] == [1]
+    assert [r for r, _ in checkpoint.committed_rounds(tmp_path / "pruned")] == [2]  # the last of 2 rounds
 
 
 def test_crash_before_the_commit_marker_resumes_from_the_round_before(reference, tmp_path, capsys):
     run_dir = tmp_path / "run"
     with pytest.raises(InjectedFault):
-        run_in_process(run_dir, fault="raise:commit:1:0")
-    folder = checkpoint.round_folder(run_dir, 1)
+        run_in_process(run_dir, fault="raise:commit:2:0")
+    folder = checkpoint.round_folder(run_dir, 2)
     assert (checkpoint.client_file(folder, 0)).exists() and not (folder / checkpoint.MARKER).exists()
     assert checkpoint.latest(run_dir).round_idx == 0
     assert len(metrics(run_dir)) == 2  # round 1 was logged, then the crash: resuming must drop that line
 
     capsys.readouterr()
     run_in_process(run_dir, "--run.resume", "true")
-    assert "round_00000 (round 2 of 3 is next)" in capsys.readouterr().out
+    assert "round_00001 (round 2 of 3 is next)" in capsys.readouterr().out
     assert_same_run(run_dir, reference)
 
 
 @pytest.mark.parametrize("point", ["train", "commit"])
 def test_sigkill_on_two_ranks_then_resume_equals_the_uninterrupted_run(reference, tmp_path, point):
-    """SIGKILL of rank 1 in the middle of round 1's training, or after it wrote its clients' checkpoint
-    files of round 1 but before rank 0's commit marker: the resume continues after round 0."""
+    """SIGKILL of rank 1 in the middle of round 2's training, or after it wrote its clients' checkpoint
+    files of round 2 but before rank 0's commit marker: the resume continues after round 1."""
     run_dir = tmp_path / "run"
-    killed = launch(["--run.output_dir", str(run_dir)], fabric_ranks=2, fault=f"kill:{point}:1:1")
+    killed = launch(["--run.output_dir", str(run_dir)], fabric_ranks=2, fault=f"kill:{point}:2:1")
     out, lines = timed_output(killed)
-    assert killed.returncode != 0 and f"injected fault: kill at {point} of round 1 on rank 1" in out, out[-2000:]
+    assert killed.returncode != 0 and f"injected fault: kill at {point} of round 2 on rank 1" in out, out[-2000:]
     seconds = seconds_between(lines, "injected fault: kill")
     print(f"dead peer (SIGKILL at {point}): the job exited {seconds:.1f} s later, code {killed.returncode}")
     assert seconds < 60  # the survivors do not wait for a timeout (slack for a loaded CI machine)
     assert checkpoint.latest(run_dir).round_idx == 0
     if point == "commit":
-        assert checkpoint.client_file(checkpoint.round_folder(run_dir, 1), 3).exists()  # rank 1 had written its files
+        assert checkpoint.client_file(checkpoint.round_folder(run_dir, 2), 3).exists()  # rank 1 had written its files
 
     if point == "train":  # resume on 2 ranks again
         resumed = launch(["--run.output_dir", str(run_dir), "--run.resume", "true"], fabric_ranks=2)
@@ -218,12 +219,12 @@ def test_stop_signal_checkpoints_exits_0_and_resumes_identically(reference, tmp_
 
 def test_a_stuck_peer_fails_the_run_within_the_wait_timeout(tmp_path):
     run_dir = tmp_path / "run"
-    process = launch(["--run.output_dir", str(run_dir), "--run.wait_timeout", "8"], fabric_ranks=2, fault="hang:commit:1:1")
+    process = launch(["--run.output_dir", str(run_dir), "--run.wait_timeout", "8"], fabric_ranks=2, fault="hang:commit:2:1")
     out, lines = timed_output(process)
     assert process.returncode != 0, out[-3000:]
     error = "a peer died, or did not arrive within run.wait_timeout"
     assert "failed on rank 0: " + error in out, out[-3000:]
-    survivor = seconds_between(lines, "injected fault: hang at commit of round 1 on rank 1", error)
+    survivor = seconds_between(lines, "injected fault: hang at commit of round 2 on rank 1", error)
     job = seconds_between(lines, "injected fault: hang")
     print(f"stuck peer: rank 0 failed {survivor:.1f} s after the hang (wait_timeout 8 s); the job ended after {job:.1f} s")
     assert survivor < 8 + 60  # far below the collective library's 30-minute default; slack for a loaded CI machine
@@ -233,7 +234,7 @@ def test_a_stuck_peer_fails_the_run_within_the_wait_timeout(tmp_path):
 def test_resume_auto_starts_over_after_a_crash_before_the_first_commit(reference, tmp_path, capsys):
     run_dir = tmp_path / "run"
     with pytest.raises(InjectedFault):
-        run_in_process(run_dir, fault="raise:commit:0:0")
+        run_in_process(run_dir, fault="raise:commit:1:0")
     assert checkpoint.latest(run_dir) is None and (run_dir / "metrics.jsonl").exists()
     run_in_process(run_dir, "--run.resume", "auto")  # a requeued job: nothing to resume, so it starts over
     assert "holds no committed round; starting over" in capsys.readouterr().out
@@ -262,7 +263,7 @@ def test_every_method_resumes_exactly_after_a_crash(tmp_path, name, capsys):
     run_in_process(tmp_path / "uninterrupted", *flags)
     run_dir = tmp_path / "run"
     with pytest.raises(InjectedFault):
-        run_in_process(run_dir, *flags, fault="raise:commit:1:0")
+        run_in_process(run_dir, *flags, fault="raise:commit:2:0")
     assert checkpoint.latest(run_dir).round_idx == 0
     run_in_process(run_dir, *flags, "--run.resume", "true")
     assert_same_run(run_dir, tmp_path / "uninterrupted")
@@ -275,7 +276,7 @@ def test_a_resume_may_change_how_many_clients_train_per_step(reference, tmp_path
     one continues with all four per step (its momenta carry over), close to the uninterrupted run."""
     run_dir = tmp_path / "run"
     with pytest.raises(InjectedFault):
-        run_in_process(run_dir, fault="raise:commit:1:0")
+        run_in_process(run_dir, fault="raise:commit:2:0")
     run_in_process(run_dir, "--run.resume", "true", "--run.clients_per_step", "4")
     got, want = final_state(run_dir), final_state(reference)
     assert got.keys() == want.keys()
@@ -296,7 +297,7 @@ def test_a_resume_compares_the_class_names_files_content_not_its_path(tmp_path):
     moved.parent.mkdir()
     first.rename(moved)
     run_in_process(run_dir, "--federation.rounds", "2", "--run.resume", "true", "--data.classnames_file", str(moved))
-    assert [r["round"] for r in read_rounds(run_dir)] == [0, 1]
+    assert [r["round"] for r in read_rounds(run_dir)] == [1, 2]
     moved.write_text("\n".join(reversed(names)) + "\n")
     with pytest.raises(RunDirError, match="data.classnames_file: the file's content differs from the checkpoint's"):
         run_in_process(run_dir, "--federation.rounds", "3", "--run.resume", "true", "--data.classnames_file", str(moved))

@@ -77,7 +77,7 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path):
     spec = specs[1]
     before = json.loads((spec.run_dir / "summary.json").read_text())
     (spec.run_dir / "summary.json").unlink()
-    shutil.rmtree(spec.run_dir / "checkpoints" / "round_00001")
+    shutil.rmtree(spec.run_dir / "checkpoints" / "round_00002")
     third = tables(out, "tiny", "--seeds", "1,2")
     assert third.returncode == 0, third.stdout[-3000:] + spec.log.read_text()[-3000:]
     assert "1 to run (1 to resume)" in third.stdout
@@ -173,9 +173,10 @@ def test_finished_runs_with_other_settings_are_refused(tmp_path, capsys):
     write_summary(spec.run_dir, final_mean_accuracy=50.0, final_client_accuracy=[50.0], zero_shot_global=40.0)
     cmd = command(spec, Inputs(extra=("--optim.lr", "0.5")))
     settings = result_settings(parse_config(cmd[cmd.index("--config"):])[0].settings)
-    folder = round_folder(spec.run_dir, 1)
+    marker = Marker(1, 4, 1, settings)
+    folder = round_folder(spec.run_dir, marker.number)
     folder.mkdir(parents=True)
-    (folder / MARKER).write_text(Marker(1, 4, 1, settings).to_json())
+    (folder / MARKER).write_text(marker.to_json())
     capsys.readouterr()
     assert cli.main(["tiny", "--out", str(out), "--seeds", "1", "--rows", "fedur"]) == 2
     err = capsys.readouterr().err

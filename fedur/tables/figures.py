@@ -9,6 +9,7 @@ import re
 import statistics
 from pathlib import Path
 
+from fedur.metrics import round_numbers
 from fedur.plots import band_panels, band_plot, bar_chart, save_figure
 from fedur.tables.grids import Grid, RunSpec
 
@@ -94,10 +95,8 @@ def divergence_series(specs: list[RunSpec]) -> dict[str, dict[str, tuple[list, l
         path = spec.run_dir / "metrics.jsonl"
         if not (spec.run_dir / "summary.json").is_file() or not path.is_file():
             continue
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            row = json.loads(line)
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for row, number in zip(rows, round_numbers(rows)):
             divergence = row.get("prompt_divergence") or {}
             if not {"visual", "text_ctx"} <= set(divergence):
                 break
@@ -105,7 +104,7 @@ def divergence_series(specs: list[RunSpec]) -> dict[str, dict[str, tuple[list, l
                 value = values.get(DIVERGENCE)
                 if value is not None:
                     by_round = curves.setdefault(prompt, {}).setdefault(" ".join(spec.row.labels), {})
-                    by_round.setdefault(row["round"] + 1, []).append(value)
+                    by_round.setdefault(number, []).append(value)
     return {prompt: {label: (rounds := sorted(by_round), [statistics.fmean(by_round[r]) for r in rounds],
                              [min(by_round[r]) for r in rounds], [max(by_round[r]) for r in rounds])
                      for label, by_round in rows.items()}

@@ -118,8 +118,11 @@ def command(spec: RunSpec, inputs: Inputs) -> list[str]:
 
 def committed_round(run_dir: Path) -> int | None:
     """The number of rounds the newest committed checkpoint holds (None: nothing to resume from)."""
-    rounds = checkpoint.committed_rounds(run_dir)
-    return rounds[-1][0] + 1 if rounds else None
+    try:
+        committed = checkpoint.latest(run_dir)
+    except checkpoint.CheckpointError:  # an unreadable marker: the run resumes, and says what is wrong with it
+        return checkpoint.committed_rounds(run_dir)[-1][0]
+    return None if committed is None else committed.round_idx + 1
 
 
 def other_settings(specs: list[RunSpec], inputs: Inputs) -> list[tuple[RunSpec, dict]]:

@@ -6,6 +6,10 @@
                                       COMMITTED.json      the commit marker (Marker), written by rank 0 after a
                                                           barrier, last
 
+Rounds are counted from 1 in every file (as on the console and in TensorBoard): round_00003 holds the state after
+the third round, and its marker says "round": 3 (format 2). Runs from before (format 1) counted from 0 there
+(round_00002 was the state after the third round); they stay readable and resumable, in their own numbering.
+
 A round directory without COMMITTED.json is an interrupted save and is ignored: resuming uses the
 newest committed round. Files are written to a temporary name and renamed, and load with
 `weights_only=True` (tensors, numbers, strings, lists and dicts only; nothing is unpickled as code).
@@ -38,7 +42,13 @@ if TYPE_CHECKING:
 
 CHECKPOINTS = "checkpoints"
 MARKER = "COMMITTED.json"
-FORMAT = 1
+FORMAT = 2  # rounds counted from 1 in folder names and markers; 1: from 0 (runs from before)
+FORMATS = (1, 2)
+
+
+def first_round(format: int) -> int:
+    """The number a run of this checkpoint format gives its first round in its files (metrics.jsonl, folders)."""
+    return 0 if format == 1 else 1
 
 
 class CheckpointError(RuntimeError):
@@ -49,40 +59,48 @@ class CheckpointError(RuntimeError):
 class Marker:
     """COMMITTED.json: what a committed round is and which settings made it."""
 
-    round_idx: int  # the last round the checkpoint contains
+    round_idx: int  # the index (from 0) of the last round the checkpoint contains
     num_clients: int
     world_size: int
     settings: dict[str, Any] = field(default_factory=dict)  # the result-affecting settings, flat (config.result_settings)
     tensorboard: str = "tensorboard"  # the TensorBoard folder of the run
+    format: int = FORMAT  # a resumed run keeps the format (the numbering) it started with
+
+    @property
+    def number(self) -> int:
+        """The round's number in the run's files: its folder round_NNNNN and the marker's "round"."""
+        return self.round_idx + first_round(self.format)
 
     def to_json(self) -> str:
         settings_hash = hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()
-        content = {"format": FORMAT, "round": self.round_idx, "num_clients": self.num_clients,
+        content = {"format": self.format, "round": self.number, "num_clients": self.num_clients,
                    "world_size": self.world_size, "settings": self.settings, "tensorboard": self.tensorboard,
                    "settings_sha256": settings_hash}
         return json.dumps(content, indent=1) + "\n"
 
     @classmethod
-    def read(cls, path: Path, round_idx: int) -> Marker:
+    def read(cls, path: Path, number: int) -> Marker:
+        """The marker of the round folder numbered `number`."""
         try:
             content = json.loads(Path(path).read_text())
         except (OSError, ValueError) as err:
             raise CheckpointError(f"{path} is unreadable ({err}); delete {Path(path).parent} to resume from the round before") from err
-        if not isinstance(content, dict) or content.get("format") != FORMAT or content.get("round") != round_idx:
-            raise CheckpointError(f"{path} is not a fedur checkpoint marker of round {round_idx}")
-        return cls(round_idx, content["num_clients"], content.get("world_size", 0), content.get("settings", {}),
-                   content.get("tensorboard", "tensorboard"))
+        if not isinstance(content, dict) or content.get("format") not in FORMATS or content.get("round") != number:
+            raise CheckpointError(f"{path} is not a fedur checkpoint marker of round {number}")
+        return cls(number - first_round(content["format"]), content["num_clients"], content.get("world_size", 0),
+                   content.get("settings", {}), content.get("tensorboard", "tensorboard"), content["format"])
 
 
 @dataclass
 class Committed:
-    round_idx: int  # the last round the checkpoint contains
+    round_idx: int  # the index (from 0) of the last round the checkpoint contains: round round_idx + 1 on the console
     folder: Path
     marker: Marker
 
 
-def round_folder(run_dir: Path, round_idx: int) -> Path:
-    return Path(run_dir) / CHECKPOINTS / f"round_{round_idx:05d}"
+def round_folder(run_dir: Path, number: int) -> Path:
+    """The folder of the round numbered `number` in the run's files (Marker.number)."""
+    return Path(run_dir) / CHECKPOINTS / f"round_{number:05d}"
 
 
 def client_file(folder: Path, client_id: int) -> Path:
@@ -121,9 +139,9 @@ def atomic_write_text(text: str, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def clear_uncommitted(run_dir: Path, round_idx: int) -> None:
+def clear_uncommitted(run_dir: Path, number: int) -> None:
     """Rank 0, before a save: remove what an interrupted save of this round left behind."""
-    folder = round_folder(run_dir, round_idx)
+    folder = round_folder(run_dir, number)
     if folder.exists() and not (folder / MARKER).exists():
         shutil.rmtree(folder)
 
@@ -140,7 +158,7 @@ def prune(run_dir: Path, keep: int) -> None:
 
 
 def committed_rounds(run_dir: Path) -> list[tuple[int, Path]]:
-    """(round index, folder) of every committed round of a run directory, oldest first."""
+    """(round number in the folder's name, folder) of every committed round of a run directory, oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -153,8 +171,9 @@ def latest(run_dir: Path) -> Committed | None:
     rounds = committed_rounds(run_dir)
     if not rounds:
         return None
-    round_idx, folder = rounds[-1]
-    return Committed(round_idx, folder, Marker.read(folder / MARKER, round_idx))
+    number, folder = rounds[-1]
+    marker = Marker.read(folder / MARKER, number)
+    return Committed(marker.round_idx, folder, marker)
 
 
 def load(path: Path) -> dict:
@@ -184,9 +203,9 @@ def save_round(rank: Rank, run_dir: Path, server: ServerState, marker: Marker, k
     """Each rank writes its own clients; after a barrier rank 0 writes the server's state, commits, prunes."""
     fabric, collectives, round_idx = rank.fabric, rank.collectives, marker.round_idx
     if fabric.is_global_zero:
-        clear_uncommitted(run_dir, round_idx)
+        clear_uncommitted(run_dir, marker.number)
     collectives.barrier("checkpoint: prepare")
-    folder = round_folder(run_dir, round_idx)
+    folder = round_folder(run_dir, marker.number)
     folder.mkdir(parents=True, exist_ok=True)
     for client in rank.clients:
         atomic_save(client.state_dict(), client_file(folder, client.client_id))

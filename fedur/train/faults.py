@@ -5,6 +5,7 @@ a real failure there leaves behind. Set in the environment, never in the setting
       action  kill (SIGKILL, no cleanup) | raise (an exception) | hang (sleep; peers must time out)
       point   train  (after the rank's first unit of clients of the round has trained)
               commit (after the rank wrote its client checkpoint files, before the commit marker)
+      round   the round's number, counted from 1 as everywhere a user reads (kill:train:3:0: in the third round)
 
 The round loop and the checkpoint call `point(...)` where these are; without FEDUR_FAULT it does nothing.
 """
@@ -29,7 +30,7 @@ class InjectedFault(RuntimeError):
 class Fault:
     action: str
     point: str
-    round_idx: int
+    round: int  # its number, from 1
     rank: int
 
     @classmethod
@@ -43,13 +44,13 @@ class Fault:
         return cls(parts[0], parts[1], int(parts[2]), int(parts[3]))
 
     def trigger(self, point: str, round_idx: int, rank: int) -> None:
-        if (point, round_idx, rank) != (self.point, self.round_idx, self.rank):
+        if (point, round_idx + 1, rank) != (self.point, self.round, self.rank):
             return
-        print(f"fedur: injected fault: {self.action} at {point} of round {round_idx} on rank {rank}", flush=True)
+        print(f"fedur: injected fault: {self.action} at {point} of round {self.round} on rank {rank}", flush=True)
         if self.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if self.action == "raise":
-            raise InjectedFault(f"injected fault at {point} of round {round_idx} on rank {rank}")
+            raise InjectedFault(f"injected fault at {point} of round {self.round} on rank {rank}")
         while True:  # hang
             time.sleep(60)
 
@@ -61,7 +62,8 @@ def injected() -> Fault | None:
 
 
 def point(name: str, round_idx: int, rank: int) -> None:
-    """A place where a fault may be injected: `name` of round `round_idx` on global rank `rank`."""
+    """A place where a fault may be injected: `name` of the round with index `round_idx` (from 0) on global rank
+    `rank`."""
     fault = injected()
     if fault is not None:
         fault.trigger(name, round_idx, rank)

@@ -70,7 +70,8 @@ def fit(
     if fabric.is_global_zero:  # only now: a run that fails while loading leaves no directory behind
         run_dir.root.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
-    history = run_dir.history(start_round, cut=fabric.is_global_zero)
+    checkpoint_format = checkpoint.FORMAT if resume is None else resume.marker.format  # a run keeps its numbering
+    history = run_dir.history(start_round, fabric.is_global_zero, checkpoint.first_round(checkpoint_format))
     recorder = Recorder(run_dir, fabric.is_global_zero, history, start_round, progress)
     recorder.start(config_yaml, describe(rank, cfg))
     recorder.record_placement(gather_placement(rank))
@@ -121,9 +122,10 @@ def fit(
         uploads = (weights > 0) * server.upload_bytes() + (histogram_bytes if refreshed else 0)
         outcome = RoundOutcome(round_idx, refreshed, joined, weights, accuracy, losses, uploads, clock.total(), clock.laps,
                                method.trains)
-        recorder.record_round(round_record(outcome, rounds, server.refresh, divergence))
+        recorder.record_round(round_record(outcome, rounds, server.refresh, divergence, history.first_round))
         server.wall_seconds = wall_before + time.perf_counter() - start_time
-        marker = checkpoint.Marker(round_idx, fed.num_clients, fabric.world_size, result_settings(cfg.settings))
+        marker = checkpoint.Marker(round_idx, fed.num_clients, fabric.world_size, result_settings(cfg.settings),
+                                   format=checkpoint_format)
         checkpoint.save_round(rank, run_dir.root, server, marker, cfg.run.keep_checkpoints)
         signal_code = STOP_SIGNALS.index(stop.received) + 1 if stop is not None and stop.received else 0
         signal_code = collectives.max_over_ranks(signal_code, what="stop request")  # did any rank get a signal?

@@ -3,8 +3,10 @@ metrics.jsonl, summary.json, placement.json, partition.json, zero_shot.json, con
 PNGs), logs to TensorBoard, and prints the per-round line and the closing table. It never communicates:
 the round loop gathers every per-client value first. On the other ranks it only keeps the rounds.
 
-TensorBoard step = rounds completed: step 0 is zero-shot CLIP, the round with index r in metrics.jsonl is
-step r + 1, as in the round line. A resumed run (`start_round` > 0) starts from the History its run
+Rounds are counted from 1 wherever they are read: the round line, metrics.jsonl's "round", summary.json's
+"best_round", TensorBoard's step (step 0 is zero-shot CLIP, round r is step r). A run from before that
+counted from 0 in its files (History.first_round 0, summary.json's "first_round") keeps its own numbering
+there when resumed; steps and printed lines count from 1 either way. A resumed run (`start_round` > 0) starts from the History its run
 directory gave back, and reopens the same tensorboard/ directory with purge_step = start_round + 1:
 TensorBoard drops whatever the interrupted run logged after the last kept round, and nothing at or
 below that step is logged again.
@@ -34,7 +36,7 @@ def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accu
     zero_shot = zero_shot or [None] * num_clients
 
     def at_round(index: int | None) -> str:
-        return "n/a" if index is None else f"{rounds[index]['round'] + 1}"
+        return "n/a" if index is None else f"{index + 1}"  # the rows are every round in order: row i is round i + 1
 
     lines = []
     for k in range(num_clients):
@@ -59,6 +61,7 @@ class Recorder:
     ) -> None:
         self.run_dir, self.enabled, self.start_round, self.progress = run_dir, enabled, start_round, progress
         history = history or History()
+        self.first_round = history.first_round  # the number of the first round in this run's files
         self.rounds: list[dict] = list(history.rounds)
         self.zero_shot: dict = dict(history.zero_shot)
         self.placement: dict = {}
@@ -160,7 +163,7 @@ class Recorder:
             return
         with writing(self.run_dir.path(METRICS)), open(self.run_dir.path(METRICS), "a") as f:
             f.write(json.dumps(row) + "\n")
-        step = row["round"] + 1
+        step = row["round"] + 1 - self.first_round  # rounds completed, from 1
         scalars = {
             "accuracy/mean": row["mean_accuracy"],
             "optim/lr": row["lr"],
@@ -235,6 +238,7 @@ class Recorder:
             "final_client_accuracy": final.get("client_accuracy"),
             "best_mean_accuracy": top.get("mean_accuracy"),
             "best_round": top.get("round"),
+            "first_round": self.first_round,  # the number of the first round in metrics.jsonl and best_round
             **self.zero_shot,
             "rounds_completed": len(self.rounds),
             **extra,
@@ -259,7 +263,7 @@ class Recorder:
             self.note(summary_table(self.rounds, self.zero_shot.get("zero_shot_client_accuracy"), self.test_labels))
         if not self.rounds or not self.test_labels:  # zero-shot CLIP (nothing was trained), or no accuracy to give
             return summary
-        best_round = "n/a" if summary["best_round"] is None else summary["best_round"] + 1
+        best_round = "n/a" if at is None else at + 1
         self.note(
             f"final mean accuracy {fmt(summary['final_mean_accuracy'])}% (best {fmt(summary['best_mean_accuracy'])}% "
             f"after round {best_round}); zero-shot client mean {fmt(summary.get('zero_shot_client_mean'))}%"

@@ -29,9 +29,11 @@ class RoundOutcome:
     trains: bool = True  # the clients that took part trained with SGD (False: a training-free method)
 
 
-def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, divergence: dict[str, dict]) -> dict:
-    """One line of metrics.jsonl: every per-client list is indexed by client id. Without pseudo-labels (a
-    method without a labeller: `refresh` None) the pseudo-label entries are None."""
+def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, divergence: dict[str, dict],
+                 first_round: int = 1) -> dict:
+    """One line of metrics.jsonl: "round" is its number (from `first_round`: 1, as on the console; 0 in runs
+    from before), every per-client list is indexed by client id. Without pseudo-labels (a method without a
+    labeller: `refresh` None) the pseudo-label entries are None."""
     trained = ((outcome.weights > 0) & outcome.trains).tolist()  # losses exist for the clients that trained
     refreshed, losses = outcome.refreshed, outcome.losses
     num_clients = len(trained)
@@ -41,7 +43,7 @@ def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, di
 
     client_acc = accuracies(outcome.accuracy)
     return {
-        "round": outcome.round_idx,
+        "round": outcome.round_idx + first_round,
         "rounds": rounds,
         "mean_accuracy": mean(client_acc),
         "client_accuracy": client_acc,

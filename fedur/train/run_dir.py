@@ -68,6 +68,7 @@ class History:
 
     rounds: list[dict] = field(default_factory=list)
     zero_shot: dict = field(default_factory=dict)
+    first_round: int = 1  # the number the run's files give its first round (0: a run from before rounds counted from 1)
 
 
 class RunDir:
@@ -107,11 +108,12 @@ class RunDir:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         return ours
 
-    def history(self, rounds: int, cut: bool) -> History:
-        """What a resume at round index `rounds` reads back; with `cut` (rank 0), metrics.jsonl is cut right
-        after those rows (in place: other ranks may read the first bytes meanwhile)."""
+    def history(self, rounds: int, cut: bool, first_round: int = 1) -> History:
+        """What a resume after `rounds` committed rounds reads back (its rows numbered from `first_round`, as its
+        checkpoint format says); with `cut` (rank 0), metrics.jsonl is cut right after those rows (in place:
+        other ranks may read the first bytes meanwhile)."""
         if rounds == 0:
-            return History()
+            return History(first_round=first_round)
         path = self.path(METRICS)
         if not path.is_file():
             raise RunDirError(f"cannot resume at round {rounds}: {path} is missing; resume needs the run directory it wrote")
@@ -122,14 +124,15 @@ class RunDir:
                 "newer than the metrics, so resume from an earlier checkpoint or start a new run.output_dir"
             )
         rows = [json.loads(line) for line in lines[:rounds]]
-        if [r["round"] for r in rows] != list(range(rounds)):
-            raise RunDirError(f"{path}: rounds {[r['round'] for r in rows]} are not 0..{rounds - 1} in order")
+        if [r["round"] for r in rows] != list(range(first_round, first_round + rounds)):
+            raise RunDirError(f"{path}: rounds {[r['round'] for r in rows]} are not {first_round}..{first_round + rounds - 1} "
+                              "in order")
         zero_shot = self.path(ZERO_SHOT)
         if not zero_shot.is_file():
             raise RunDirError(f"cannot resume at round {rounds}: {zero_shot} is missing")
         if cut:
             os.truncate(path, sum(len(line) + 1 for line in lines[:rounds]))
-        return History(rows, json.loads(zero_shot.read_text()))
+        return History(rows, json.loads(zero_shot.read_text()), first_round)
 
 
 def resolve(

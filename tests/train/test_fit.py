@@ -32,7 +32,7 @@ def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path)
     assert all(torch.equal(c.prompts["visual"], global_visual) for c in result.clients)
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == [0, 1]
+    assert [r["round"] for r in rows] == [1, 2]  # counted from 1, as on the console
     row = rows[0]
     assert len(row["client_accuracy"]) == 4 and len(row["bytes_sent"]) == 4 and row["refreshed"]
     visual_bytes = global_visual.numel() * 4

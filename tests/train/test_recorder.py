@@ -19,7 +19,7 @@ from ..conftest import REPO, scalar_curve, tensorboard_events
 def row(round_idx: int, accuracy: list[float | None], rounds: int = 4, selected=(5, 3)) -> dict:
     refreshed = round_idx % 2 == 0
     return {
-        "round": round_idx, "rounds": rounds, "mean_accuracy": float(np.mean([a for a in accuracy if a is not None])),
+        "round": round_idx + 1, "rounds": rounds, "mean_accuracy": float(np.mean([a for a in accuracy if a is not None])),
         "client_accuracy": accuracy, "pseudo_label_accuracy": [80.0, 60.0], "selected": list(selected),
         "selected_per_class": [4, 2, 2], "selection": [[3, 1, 1], [1, 1, 1]] if refreshed else None,
         "class_weights": [0.5, 1.25, 1.25] if refreshed else None, "refreshed": refreshed, "participants": [0, 1],
@@ -48,11 +48,11 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
         stopped.record_round(row(r, acc))
     stopped.tensorboard.experiment.flush()
     with open(resumed / "metrics.jsonl", "a") as f:
-        f.write('{"round": 3, "mean_acc')
+        f.write('{"round": 4, "mean_acc')
 
     history = RunDir(resumed).history(2, cut=True)  # the last checkpoint holds rounds 0 and 1
     again = Recorder(RunDir(resumed), True, history, start_round=2)
-    assert [r["round"] for r in again.rounds] == [0, 1] and again.zero_shot == recorder.zero_shot
+    assert [r["round"] for r in again.rounds] == [1, 2] and again.zero_shot == recorder.zero_shot
     assert len((resumed / "metrics.jsonl").read_text().splitlines()) == 2
     again.record_zero_shot(ZERO_SHOT)  # logged before: not again
     for r in (2, 3):
