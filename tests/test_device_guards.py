@@ -219,6 +219,7 @@ def test_a_collective_that_fails_is_fedurs_one_line_and_out_of_memory_is_not_a_d
         collectives.gather_clients({}, 2, like=torch.zeros(2), what="visual uploads")
 
 
+@pytest.mark.slow  # whole runs
 @pytest.mark.parametrize("method", ["FedUR", "GDAU", "PFedPrompt"])
 def test_every_collective_of_a_run_takes_tensors_nccl_accepts(tmp_path, monkeypatch, method):
     """A whole (tiny) run as rank 0 of two whose peer hosts clients that contribute nothing: every tensor the

@@ -312,3 +312,40 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     said = capsys.readouterr().out
     assert f"{run_dir} is finished: all 1 round(s) are committed" in said and "next" not in said
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def as_written_before_rounds_counted_from_1(run_dir: Path) -> None:
+    """A run directory as fedur wrote it when files counted rounds from 0: metrics rows and best_round one lower,
+    checkpoint folders round_0000(r-1), markers of format 1."""
+    rows = read_rounds(run_dir)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({**r, "round": r["round"] - 1}) + "\n" for r in rows))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["best_round"] -= 1
+    del summary["first_round"]
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    for number, folder in checkpoint.committed_rounds(run_dir):
+        marker = json.loads((folder / checkpoint.MARKER).read_text())
+        (folder / checkpoint.MARKER).write_text(json.dumps({**marker, "format": 1, "round": number - 1}))
+        folder.rename(checkpoint.round_folder(run_dir, number - 1))
+
+
+def test_a_run_from_before_rounds_counted_from_1_is_read_and_resumed_in_its_own_numbering(tmp_path):
+    from fedur.report import load_run
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    run_in_process(old, "--federation.rounds", "2")
+    as_written_before_rounds_counted_from_1(old)
+    assert load_run(old).curve([1, 2, 3])[0] == [0, 1, 2]  # rounds completed, whatever the numbering
+    assert checkpoint.latest(old).round_idx == 1 and checkpoint.latest(old).marker.format == 1
+    run_in_process(old, "--run.resume", "true")  # ROUNDS (3): one more round, written as that run writes them
+    assert [r["round"] for r in read_rounds(old)] == [0, 1, 2]
+    assert [n for n, _ in checkpoint.committed_rounds(old)] == [0, 1, 2]
+    summary = json.loads((old / "summary.json").read_text())
+    assert summary["first_round"] == 0 and summary["rounds_completed"] == 3
+    run_in_process(new)  # the same computation, numbered from 1
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("round", "rounds")} for r in rows]  # noqa: E731
+    assert strip(metrics(old)) == strip(metrics(new))
+    assert scalar_curve(old / "tensorboard", "accuracy/mean") == scalar_curve(new / "tensorboard", "accuracy/mean")
+    unnumbered = lambda state: {k.split("/", 1)[1] if k.startswith("round_") else k: v for k, v in state.items()}  # noqa: E731
+    got, want = unnumbered(final_state(old)), unnumbered(final_state(new))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

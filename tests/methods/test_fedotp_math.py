@@ -562,6 +562,7 @@ def _random_problem(g):
 
 @pytest.mark.parametrize("per_problem_stop", [True, False])
 @pytest.mark.parametrize("OT", ["COT", "Sinkhorn"])
+@pytest.mark.slow  # 60 random problems per case x seven check intervals: the sweep
 def test_sparse_stop_checks_bitwise_equal_to_per_iteration_checks(OT, per_problem_stop):
     new, old = SOLVERS[OT]
     g = torch.Generator().manual_seed(100 + 2 * (OT == "COT") + per_problem_stop)
@@ -583,6 +584,7 @@ def test_sparse_stop_checks_bitwise_equal_to_per_iteration_checks(OT, per_proble
 
 @pytest.mark.parametrize("per_problem_stop", [True, False])
 @pytest.mark.parametrize("OT", ["COT", "Sinkhorn"])
+@pytest.mark.slow  # every check interval around the stopping iteration
 def test_stop_between_checks_keeps_the_stopping_iterate(OT, per_problem_stop):
     # Around the reference's stopping iteration s: max_iter s - 1, s, s + 1 and every check period,
     # so the stop falls on, before and after a check, and the state kept is the one of iteration s
