@@ -39,7 +39,7 @@ from fedur.labels import Labeller
 from fedur.launch_env import LaunchEnv, deterministic_environment, make_fabric, set_determinism, set_threads, stop_with_launcher
 from fedur.methods import FedUR, Method
 from fedur.model.clip import ModelUnavailableError, check_model
-from fedur.train import faults
+from fedur.train import faults, ownership
 from fedur.train import run_dir as run_dirs
 from fedur.train.checkpoint import CheckpointError
 from fedur.train.preemption import StopRequest
@@ -294,50 +294,53 @@ def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
     set_threads(fabric, run.threads)
     set_determinism(run.deterministic, fabric.device)
     root = run_dirs.target(run.output_dir, run.resume)
+    if root is None and run.resume is not False:
+        raise run_dirs.RunDirError("run.resume needs run.output_dir: the directory of the run to continue (a requeued job "
+                                   "names the same one every time, e.g. runs/<job name>-<job id>)")
     if root is None:  # a new run directory, named by rank 0's clock
         root = fabric.broadcast(os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")), src=0)
     run.output_dir = root  # what an error message names
-    claim = claim_run_dir(fabric, root, create=run.resume in (False, "auto"))
+    claim = on_rank_zero(fabric, lambda: ownership.claim(root, create=run.resume in (False, "auto")),
+                         ownership.Claim(Path(root)))
+    if fabric.world_size > 1:  # every rank looks for rank 0's nonce
+        claim.nonce = fabric.broadcast(claim.nonce, src=0)
     try:
         if fabric.world_size > 1 and claim.nonce:  # every node must see the directory rank 0 holds
-            run_dirs.check_shared(Collectives(fabric), root, claim.nonce, fabric.node_rank)
-        run_dir, resume = run_dirs.resolve(
-            root, run.resume, run.force_resume, cfg.federation.num_clients, result_settings(cfg.settings)
-        )
+            ownership.check_shared(Collectives(fabric), root, claim.nonce, fabric.node_rank)
+        settings = result_settings(cfg.settings)  # the file settings' digests read once, for the resume and the markers
+        run_dir, resume = run_dirs.resolve(root, run.resume, run.force_resume, cfg.federation.num_clients, settings)
         rounds = cfg.method.rounds(cfg.federation.rounds)
         if resume is not None and resume.round_idx + 1 >= rounds and run_dir.path("summary.json").is_file():
             if fabric.is_global_zero:
                 print(f"fedur: {run_dir.root} is finished: all {rounds} round(s) are committed and its summary.json is written; "
-                      f"nothing to resume (a larger --federation.rounds trains on from round {rounds + 1})")
+                      f"nothing to resume (a larger --federation.rounds trains on from round {resume.round_idx + 2})")
             return None
         claim.keep()
-        if run.resume == "auto" and resume is None and fabric.is_global_zero and run_dir.root.is_dir():
-            removed = run_dir.clear_without_commit()  # a job that died before its first commit starts over
-            if removed:
+        if run.resume == "auto" and resume is None and run_dir.root.is_dir():  # a job that died before its first commit
+            removed = on_rank_zero(fabric, run_dir.clear_without_commit, [])
+            if removed and fabric.is_global_zero:
                 print(f"fedur: {run_dir.root} holds no committed round; starting over (removed {', '.join(removed)})")
         requeue_on = tuple(run.requeue_on) if fabric.is_global_zero else ()
         with StopRequest(requeue_on=requeue_on, requeue_deadline=run.requeue_deadline) as stop:  # stop after a commit
-            return fit(fabric, cfg, run_dir, config_yaml, resume, stop)
+            return fit(fabric, cfg, run_dir, config_yaml, resume, stop, settings)
     finally:
         claim.release()
 
 
-def claim_run_dir(fabric, root: str, create: bool) -> run_dirs.Claim:
-    """Rank 0 takes the run directory (run_dir.claim) and tells every rank how that went: its nonce, or the
-    error every rank then raises (so that the error is printed once and no rank waits for the others)."""
-    claim, outcome = run_dirs.Claim(Path(root)), {"nonce": "", "error": None}
+def on_rank_zero(fabric, action, others):
+    """`action()` on rank 0, its result (`others` on the other ranks) or its error raised on every rank: an error
+    met on rank 0 alone is then printed once, and no rank waits for the others in a collective."""
+    result, error = others, None
     if fabric.is_global_zero:
         try:
-            claim = run_dirs.claim(root, create)
-            outcome["nonce"] = claim.nonce
-        except run_dirs.RunDirError as err:
-            outcome["error"] = str(err)
+            result = action()
+        except (run_dirs.RunDirError, OSError) as err:
+            error = str(err)
     if fabric.world_size > 1:
-        outcome = fabric.broadcast(outcome, src=0)
-    if outcome["error"] is not None:
-        raise run_dirs.RunDirError(outcome["error"])
-    claim.nonce = outcome["nonce"]
-    return claim
+        error = fabric.broadcast(error, src=0)
+    if error is not None:
+        raise run_dirs.RunDirError(error)
+    return result
 
 
 def check_data(cfg: Config) -> None:
@@ -370,6 +373,8 @@ def main(argv: list[str] | None = None) -> None:
     except CollectiveError as err:
         fail(str(err))  # the process group is broken: do not wait in its teardown
     except OSError as err:  # a file the run writes: a full disk, a quota, a read-only or vanished folder
+        if err.errno is None:  # not the system's (an image library's, a re-raised worker's): its traceback says more
+            raise
         fail(write_error(err, None if cfg is None else cfg.run.output_dir))
     except torch.OutOfMemoryError as err:
         fail(f"rank {os.environ.get('RANK', '0')} ran out of device memory ({first_line(err)}); a smaller optim.batch_size, "
@@ -389,13 +394,15 @@ def fail(message: str) -> None:
 
 def write_error(err: OSError, output_dir: str | None) -> str:
     """A file the run could not write, what is intact, and how to go on."""
-    writing = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG)
+    space = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    writing = space or err.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
     what = f"{'could not write' if writing else 'failed on'} {err.filename or 'a file'} ({err.strerror or err})"
     committed = checkpoint_latest(output_dir)
     if committed is None:
         return f"{what}; no round is committed yet: fix that, then start again"
-    return (f"{what}; the last committed round ({committed.round_idx + 1}) in {committed.folder.parent} is intact: free "
-            f"space (or move the run directory to where there is some) and continue it with --run.resume true")
+    fix = "free space (or move the run directory to where there is some)" if space else "fix that"
+    return (f"{what}; the last committed round ({committed.round_idx + 1}) in {committed.folder.parent} is intact: "
+            f"{fix} and continue it with --run.resume true")
 
 
 def checkpoint_latest(output_dir: str | None):

@@ -19,10 +19,10 @@ case "$devices" in
   *) accelerator=cuda ;;
 esac
 [[ "$devices" =~ ^[1-9][0-9]*$ ]] || { echo "$usage (got '$devices')" >&2; exit 2; }
-port=()
+port=""
 if [[ " ${FABRIC_ARGS:-} " != *" --main-port"* ]]; then
-  port=(--main-port "$("${PYTHON:-python}" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')")
+  port="--main-port $("${PYTHON:-python3}" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 fi
-# shellcheck disable=SC2086  # FABRIC_ARGS holds several flags
-exec fabric run --accelerator "$accelerator" --devices "$devices" "${port[@]}" ${FABRIC_ARGS:-} \
+# shellcheck disable=SC2086  # FABRIC_ARGS and port hold several words
+exec fabric run --accelerator "$accelerator" --devices "$devices" $port ${FABRIC_ARGS:-} \
   "$(dirname "$0")/../fedur/main.py" "$@"

@@ -228,6 +228,7 @@ def bad_input_case(case: str, tmp_path, finished_run):
         "old settings": ([*fresh, "--method.name", "fedotp"], "`method.name` is gone: use --method CLASS"),
         "unknown model": ([*fresh, "--model.name", "ViT-Huge-Nope"], "Unknown open_clip model"),
         "missing checkpoint": (["--run.resume", str(tmp_path / "no-such-run")], "does not exist"),
+        "resume without a directory": (["--run.resume", "auto"], "run.resume needs run.output_dir"),
         "run directory taken": (["--run.output_dir", str(finished_run)], "already exists and is not empty (it holds a checkpoint"),
         "shared momentum in groups": ([*fresh, "--optim.optimizer_state", "shared", "--run.clients_per_step", "2"],
                                       "run.clients_per_step > 1 trains clients at once"),
@@ -239,7 +240,7 @@ def bad_input_case(case: str, tmp_path, finished_run):
     [
         "beta", "join rate", "more clients than samples", "n_ctx", "prompt tokens",
         "unknown dataset", "unknown model", "bad model json", "truncated weights", "weights of another architecture",
-        "missing checkpoint", "corrupt checkpoint",
+        "missing checkpoint", "corrupt checkpoint", "resume without a directory",
         "changed settings", "empty class", "names mismatch", "corrupt image", "run directory taken", "shared momentum in groups",
         "old settings",
     ],

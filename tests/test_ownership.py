@@ -336,3 +336,53 @@ def test_a_run_directory_that_cannot_be_written_is_refused_before_any_compute(tm
             assert "zero-shot" not in process.stdout and "round" not in process.stdout, process.tail()
     assert list(parent.iterdir()) == []
     assert snapshot(finished) == before
+
+
+def test_the_lock_ends_with_its_owner_not_with_the_processes_it_forked(tmp_path):
+    """flock belongs to the open file, which forked children (loader workers) share: a SIGKILLed owner's workers
+    kept the lock for seconds. A child forked from an owner closes its copy at once."""
+    from fedur.train.ownership import claim
+
+    run_dir = tmp_path / "run"
+    script = (
+        "import multiprocessing as mp, sys, time\n"
+        "from fedur.train.ownership import claim\n"
+        f"held = claim({str(run_dir)!r}, create=True)\n"
+        "child = mp.get_context('fork').Process(target=time.sleep, args=(60,), daemon=False)\n"
+        "child.start()\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = int(owner.stdout.readline())
+    try:
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+        mine = claim(run_dir, create=False)  # at once: the forked child, still alive, holds no lock
+        assert mine.fd is not None
+        mine.release()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_directory_from_before_the_lock_with_a_stray_file_is_locked_too(tmp_path):
+    """Run directories written before fedur.lock have none, and one stray file (a notebook's checkpoint folder, an
+    NFS .nfsXXXX) must not leave a resume unlocked: the first claim locks, the second is refused; a refused claim
+    leaves the directory as it was."""
+    from fedur.train.ownership import claim
+    from fedur.train.run_dir import RunDirError
+
+    run_dir = tmp_path / "old-run"
+    (run_dir / "checkpoints" / "round_00001").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("")
+    (run_dir / ".ipynb_checkpoints").mkdir()
+    first = claim(run_dir, create=False)
+    try:
+        assert first.fd is not None
+        with pytest.raises(RunDirError, match="is in use by process"):
+            claim(run_dir, create=False)
+    finally:
+        first.release()  # not kept (as a refused resume): the lock file it made goes again
+    assert sorted(p.name for p in run_dir.iterdir()) == [".ipynb_checkpoints", "checkpoints", "metrics.jsonl"]

@@ -73,12 +73,18 @@ class BatchNormalize:
     def __init__(self, mean: Sequence[float], std: Sequence[float]):
         self.mean = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+        self._on: dict[torch.device, tuple[Tensor, Tensor]] = {}  # copies per device: one host-to-device copy each
 
     def __call__(self, images: Tensor) -> Tensor:
         if images.dtype != torch.uint8:
             raise TypeError(f"BatchNormalize takes uint8 images (from the image cache), got {images.dtype}")
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        if images.device not in self._on:
+            self._on[images.device] = self.mean.to(images.device), self.std.to(images.device)
+        mean, std = self._on[images.device]
         return images.float().div_(255).sub_(mean).div_(std)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_on": {}}
 
     def __repr__(self) -> str:
         return f"BatchNormalize(mean={self.mean.flatten().tolist()}, std={self.std.flatten().tolist()})"

@@ -24,8 +24,8 @@ def fused_group_logits(method: Method, model: PromptedCLIP, images: list[Tensor]
         return [method.logits(model, images[0], prompts[0], texts[0], clients[0], None if rows is None else rows[0])]
     sizes = [len(x) for x in images]
     device = images[0].device
-    owners = torch.repeat_interleave(torch.arange(len(images), device=device), torch.tensor(sizes, device=device),
-                                     output_size=sum(sizes))  # (B,) client of each image; output_size: no host sync
+    # (B,) client of each image, filled on the device from plain numbers: no copy from the host, no sync
+    owners = torch.cat([torch.full((n,), k, dtype=torch.long, device=device) for k, n in enumerate(sizes)])
     visual = None
     if prompts[0].get("visual") is not None and prompts[0]["visual"].numel():
         visual = torch.stack([p["visual"] for p in prompts])[owners]  # (B, depth, n_tok, width)

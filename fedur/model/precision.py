@@ -5,7 +5,8 @@ coarse steps would change a decision (logits of ~30 move in steps of ~0.2, tying
 medians; exp(-cost / eps) of a transport plan) leave autocast for plain float32. Plain float32 is not enough
 on its own: `torch.set_float32_matmul_precision('high')` (which Lightning's Tensor Core hint invites) makes
 float32 matmuls TF32 on a GPU and bf16 passes on a CPU with AMX. `full_precision` pins both for its section
-and restores what was set before.
+and restores what was set before; `ieee_float32_matmuls` does the same around the backward pass, where the
+gradients of those sections are computed (bf16 matmuls there stay bf16).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ def full_precision(device: torch.device | str) -> Iterator[None]:
     device_type = torch.device(device).type
     autocast = torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) \
         else contextlib.nullcontext()
-    with autocast, _highest_matmul_precision():
+    with autocast, ieee_float32_matmuls():
         yield
 
 
 @contextlib.contextmanager
-def _highest_matmul_precision() -> Iterator[None]:
+def ieee_float32_matmuls() -> Iterator[None]:
+    """Float32 matmuls in full IEEE float32 inside (no TF32, no bf16 passes), whatever was set; restored after.
+    Around a backward pass too: the backward of a float32 section runs there, outside `full_precision`."""
     try:  # the legacy switch, torch.set_float32_matmul_precision, the one users and Lightning's hint set
         before = torch.get_float32_matmul_precision()
     except RuntimeError:  # torch >= 2.9 refuses the legacy getter once the per-backend switches were used

@@ -121,12 +121,19 @@ def save(obj, path: Path) -> None:
     try:
         torch.save(obj, path)
     except (OSError, RuntimeError) as err:
+        full = _disk_full(Path(path).parent)  # before the partial file goes and frees its blocks
         Path(path).unlink(missing_ok=True)
         if isinstance(err, OSError) and err.filename:
             raise
-        full = shutil.disk_usage(Path(path).parent).free == 0
         raise OSError(errno.ENOSPC if full else errno.EIO, os.strerror(errno.ENOSPC) if full else str(err).splitlines()[0],
                       str(path)) from err
+
+
+def _disk_full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free == 0
+    except OSError:
+        return False
 
 
 def atomic_write_text(text: str, path: Path) -> None:

@@ -58,9 +58,12 @@ def fit(
     config_yaml: str,
     resume: checkpoint.Committed | None = None,
     stop: StopRequest | None = None,
+    settings: dict | None = None,
 ) -> FitResult:
-    """Run (or continue, from `resume`) the federated rounds; `stop` ends the run after a round's commit."""
+    """Run (or continue, from `resume`) the federated rounds; `stop` ends the run after a round's commit.
+    `settings`: the result-affecting settings every commit records (default: config.result_settings, read now)."""
     fed = cfg.federation
+    settings = result_settings(cfg.settings) if settings is None else settings
     start_round = 0 if resume is None else resume.round_idx + 1
     collectives = Collectives(fabric, peer_timeout=cfg.run.peer_timeout)
     progress = Progress(enabled=cfg.run.progress and fabric.is_global_zero)  # rank 0's bars; the others stay quiet
@@ -124,7 +127,7 @@ def fit(
                                method.trains)
         recorder.record_round(round_record(outcome, rounds, server.refresh, divergence, history.first_round))
         server.wall_seconds = wall_before + time.perf_counter() - start_time
-        marker = checkpoint.Marker(round_idx, fed.num_clients, fabric.world_size, result_settings(cfg.settings),
+        marker = checkpoint.Marker(round_idx, fed.num_clients, fabric.world_size, settings,
                                    format=checkpoint_format)
         checkpoint.save_round(rank, run_dir.root, server, marker, cfg.run.keep_checkpoints)
         signal_code = STOP_SIGNALS.index(stop.received) + 1 if stop is not None and stop.received else 0

@@ -14,6 +14,7 @@ from fedur.data.loaders import epoch_order, in_batches
 from fedur.federated.client import ClientState, to_cpu
 from fedur.federated.streams import client_generator
 from fedur.labels.base import PseudoLabels
+from fedur.model.precision import ieee_float32_matmuls
 
 if TYPE_CHECKING:
     from fedur.train.rank import Rank
@@ -78,7 +79,8 @@ def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer
                 outs = tuner.training_step(batches, [prompts[k] for k in order], [on_device[k] for k in order])
             for k in order:
                 optimizers[k][0].zero_grad(set_to_none=True)
-            fabric.backward(torch.stack([out["loss"] for out in outs]).sum())
+            with ieee_float32_matmuls():  # the float32 sections' gradients in float32 too (bf16 ones stay bf16)
+                fabric.backward(torch.stack([out["loss"] for out in outs]).sum())
             for k, out in zip(order, outs):
                 optimizers[k][0].step()
                 sums[k] += torch.stack([out["loss"].detach(), out["loss_pos"], out["loss_neg"]]).float()

@@ -3,11 +3,7 @@
 Every file or folder a run writes is declared in LAYOUT, and every writer gets its path from
 `RunDir.path`, which refuses an undeclared name. So the rules below always cover every output:
 
-- a run directory has one owner: rank 0 of the run holds an exclusive lock on its fedur.lock for the run's
-  life (`claim`); the operating system releases it when the process ends, also when it is killed, so a
-  second run or resume into the directory is refused while the first lives, and a killed run leaves no
-  stale lock. Every rank checks that it sees the directory rank 0 claimed (`check_shared`): with nodes
-  whose run.output_dir is not the same storage, their clients' files would land elsewhere;
+- a run directory has one owner, the process that holds its fedur.lock (fedur/train/ownership.py);
 - a new run only starts in a directory that does not exist or is empty (but for an unheld fedur.lock);
 - `run.resume auto` in a directory without a committed round (a job that died before its first commit)
   clears what fedur wrote there (LAYOUT's entries) and starts over; anything else there stops it;
@@ -19,24 +15,15 @@ Every file or folder a run writes is declared in LAYOUT, and every writer gets i
 from __future__ import annotations
 
 import contextlib
-import errno
 import fnmatch
 import json
 import os
-import secrets
 import shutil
-import socket
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fedur.config import DIGEST, FILE_SETTINGS, file_digest
 from fedur.train import checkpoint
-
-if TYPE_CHECKING:
-    from fedur.federated.collectives import Collectives
 
 LAYOUT: dict[str, str] = {
     "config.yaml": "the resolved settings",
@@ -212,7 +199,10 @@ def settings_diff(saved: dict, now: dict) -> list[str]:
     """`key: old (checkpoint) -> new (now)` for every setting that differs (a file setting: its content changed)."""
     lines = []
     for key, (old, new) in changed_settings(saved, now).items():
-        if key in FILE_SETTINGS and isinstance(old, str) and isinstance(new, str) and DIGEST in old + new:
+        if key in FILE_SETTINGS and isinstance(old, str) and not old.startswith(DIGEST) and new != ABSENT:
+            lines.append(f"{key}: the checkpoint recorded the file {old}, which cannot be read now to compare its content; "
+                         "give that file back (or the same content at that path)")
+        elif key in FILE_SETTINGS and isinstance(old, str) and isinstance(new, str) and DIGEST in old + new:
             lines.append(f"{key}: the file's content differs from the checkpoint's ({_short(old)} (checkpoint) -> "
                          f"{_short(new)} (now))")
         else:
@@ -241,155 +231,3 @@ def target(output_dir: str | None, resume: bool | str) -> str | None:
     if isinstance(resume, str) and resume != "auto" and output_dir is None:
         return resume
     return output_dir
-
-
-class Claim:
-    """Rank 0's hold on a run directory for the run's life: an exclusive lock on its fedur.lock, which names
-    the owner (pid, host, start time) and carries a nonce the other ranks look for (`check_shared`)."""
-
-    def __init__(self, root: Path, fd: int | None = None, created: Path | None = None, nonce: str = "",
-                 previous: tuple[bytes, os.stat_result] | None = None) -> None:
-        self.root, self.fd, self.created, self.nonce = root, fd, created, nonce  # created: the topmost folder made
-        self.previous, self.kept = previous, False  # the lock file's content and times before this claim
-
-    def keep(self) -> None:
-        """The run goes ahead (its settings and checkpoint checked): the lock file keeps naming it as the owner."""
-        self.kept = True
-
-    def release(self) -> None:
-        """Give the directory up. A claim that was not kept (the run was refused) puts the lock file back as it
-        was, or removes it if it made it; a directory it created that holds nothing but the lock is removed, with
-        the parent folders it created. So a refused run or resume changes nothing on disk, and a run that failed
-        before writing anything leaves nothing behind."""
-        if self.fd is None:
-            return
-        if not self.kept and self.previous is not None:
-            content, stat = self.previous
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, content, 0)
-            os.utime(self.fd, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-        os.close(self.fd)  # the lock goes with the descriptor
-        self.fd = None
-        lock_only = [p.name for p in self.root.iterdir()] == [LOCK]
-        if (not self.kept and self.previous is None) or (self.created is not None and lock_only):
-            (self.root / LOCK).unlink(missing_ok=True)
-        if self.created is None:
-            return
-        folder = self.root
-        with contextlib.suppress(OSError):  # a folder that is not empty stays
-            while True:
-                folder.rmdir()
-                if folder == self.created:
-                    break
-                folder = folder.parent
-
-
-def claim(root: str | Path, create: bool) -> Claim:
-    """Take ownership of the run directory `root` (rank 0, before any compute), creating it when `create` and
-    it does not exist. A directory that holds files fedur does not write is left untouched (`resolve` refuses
-    it); one that another live process holds is refused in one line naming that process; one that cannot be
-    written is refused before anything is computed."""
-    root = Path(root)
-    if not root.is_dir():
-        if root.exists():
-            raise RunDirError(f"run.output_dir={root} is a file, not a directory; choose a new run.output_dir")
-        if not create:
-            return Claim(root)  # nothing to hold: resolve says why it cannot resume
-    else:
-        _, foreign = RunDir(root).fedur_entries()
-        if foreign and not (root / LOCK).exists():
-            return Claim(root)  # not a fedur run directory: resolve refuses it, and nothing is written here
-    created = next((p for p in reversed([root, *root.parents]) if not p.exists()), None)  # the topmost one to make
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise RunDirError(f"run.output_dir={root} cannot be written ({err.strerror}); choose a directory you can "
-                          "write to, or fix its permissions") from err
-    nonce = secrets.token_hex(8)
-    try:
-        _lock(fd, root)
-        stat = os.fstat(fd)
-        previous = (os.pread(fd, stat.st_size, 0), stat) if stat.st_size else None
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                  "nonce": nonce, "command": " ".join(sys.argv)}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-        os.fsync(fd)  # other nodes read it next (check_shared)
-        claimed = Claim(root, fd, created, nonce, previous)
-    except BaseException:
-        os.close(fd)
-        raise
-    unwritable = read_only(root)
-    if unwritable:
-        claimed.release()
-        raise RunDirError(f"run.output_dir={root} has folders or files fedur cannot write: {', '.join(unwritable[:5])}"
-                          f"{' ...' if len(unwritable) > 5 else ''}; fix their permissions (or the mount), or choose another "
-                          "run.output_dir")
-    return claimed
-
-
-def read_only(root: Path) -> list[str]:
-    """What a run in `root` would have to write into (its folders, metrics.jsonl it appends to) and cannot:
-    checked before any compute, so a read-only folder does not end a run after its first round."""
-    paths = [root, *(p for p in root.rglob("*") if p.is_dir()), root / METRICS]
-    return [str(p) for p in paths if p.exists() and not os.access(p, os.W_OK)]
-
-
-def _lock(fd: int, root: Path) -> None:
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system: no lock, the rest works
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as err:
-        raise RunDirError(f"run.output_dir={root} is in use by {owner(root)}; wait for that run to end (or stop it), "
-                          "or choose another run.output_dir") from err
-    except OSError as err:  # a file system without locks (some NFS or Lustre mounts): say so, go on
-        if err.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-        print(f"fedur: warning: {root} is on a file system without file locks ({err.strerror}): nothing stops a "
-              "second run from writing into it at the same time", file=sys.stderr)
-
-
-def owner(root: str | Path) -> str:
-    """Who holds the run directory, as its fedur.lock says."""
-    try:
-        record = json.loads((Path(root) / LOCK).read_text())
-        return f"process {record['pid']} on host {record['host']} (started {record['started']}: {record['command']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process (its fedur.lock does not say which)"
-
-
-def lock_nonce(root: str | Path) -> str | None:
-    """The nonce rank 0 wrote into the run directory's fedur.lock (None: there is no readable one here)."""
-    try:
-        return json.loads((Path(root) / LOCK).read_text()).get("nonce")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def check_shared(collectives: Collectives, root: str | Path, nonce: str, node_rank: int) -> None:
-    """Every rank reads the nonce rank 0 wrote into the run directory; any that does not find it (its node sees
-    another directory under the same path) stops the run on every rank, in one line naming its node. Every
-    rank calls this."""
-    import torch
-
-    host = socket.gethostname().encode()[:HOST_BYTES]
-    sees = lock_nonce(root) == nonce
-    row = torch.tensor([int(sees), node_rank, len(host), *host.ljust(HOST_BYTES, b"\0")], dtype=torch.int64, device="cpu")
-    every = collectives.gather_ranks(row, what="run directory check")
-    blind = {}
-    for rank, (ok, node, length, *name) in enumerate(every.tolist()):
-        if not ok:
-            blind.setdefault((node, bytes(name[:length]).decode(errors="replace")), []).append(rank)
-    if blind:
-        nodes = "; ".join(f"node {node} ({host}, ranks {', '.join(map(str, ranks))})" for (node, host), ranks in blind.items())
-        raise RunDirError(f"run.output_dir={root} is not the same directory on every node: {nodes} cannot see what rank 0 "
-                          "wrote there; put run.output_dir on storage every node shares (not a node's own /tmp)")
-
-
-HOST_BYTES = 64
-
-
