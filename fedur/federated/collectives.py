@@ -80,6 +80,14 @@ class Collectives:
             self.heartbeat.stop()
             self.heartbeat = None
 
+    def shut_down(self) -> None:
+        """The last exchange of a process, on every rank: a barrier, then every process group destroyed, its
+        threads joined here rather than by the interpreter's teardown (which can abort a rank whose peers are
+        still writing their files or have just left)."""
+        if self.comm.world_size > 1 and torch.distributed.is_initialized():
+            self.barrier("end of run")
+            torch.distributed.destroy_process_group()
+
     def gather_clients(self, values: dict[int, Tensor], num_clients: int, like: Tensor, what: str) -> Tensor:
         """(num_clients, *shape) with row k = values[k] from whichever rank hosts client k.
 
