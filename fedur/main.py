@@ -314,7 +314,7 @@ def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
             if fabric.is_global_zero:
                 print(f"fedur: {run_dir.root} is finished: all {rounds} round(s) are committed and its summary.json is written; "
                       f"nothing to resume (a larger --federation.rounds trains on from round {resume.round_idx + 2})")
-            Collectives(fabric).shut_down()
+            Collectives(fabric).end_of_run()
             return None
         claim.keep()
         if run.resume == "auto" and resume is None and run_dir.root.is_dir():  # a job that died before its first commit
@@ -324,7 +324,7 @@ def run(cfg: Config, config_yaml: str, env: LaunchEnv | None = None):
         requeue_on = tuple(run.requeue_on) if fabric.is_global_zero else ()
         with StopRequest(requeue_on=requeue_on, requeue_deadline=run.requeue_deadline) as stop:  # stop after a commit
             result = fit(fabric, cfg, run_dir, config_yaml, resume, stop, settings)
-        Collectives(fabric).shut_down()
+        Collectives(fabric).end_of_run()
         return result
     finally:
         claim.release()

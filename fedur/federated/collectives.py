@@ -19,6 +19,7 @@ builds the image cache) but should not wait long for a dead one:
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -80,13 +81,14 @@ class Collectives:
             self.heartbeat.stop()
             self.heartbeat = None
 
-    def shut_down(self) -> None:
-        """The last exchange of a process, on every rank: a barrier, then every process group destroyed, its
-        threads joined here rather than by the interpreter's teardown (which can abort a rank whose peers are
-        still writing their files or have just left)."""
+    def end_of_run(self) -> None:
+        """The last exchange of a run, on every rank: a barrier, so that no rank leaves while a peer still writes its
+        files. The process groups are destroyed when the process exits (a process may run several runs, as
+        tests/run_many.py does), by this process rather than by the interpreter's teardown, which can abort a rank
+        whose peers have just left."""
         if self.comm.world_size > 1 and torch.distributed.is_initialized():
             self.barrier("end of run")
-            torch.distributed.destroy_process_group()
+            _destroy_at_exit()
 
     def gather_clients(self, values: dict[int, Tensor], num_clients: int, like: Tensor, what: str) -> Tensor:
         """(num_clients, *shape) with row k = values[k] from whichever rank hosts client k.
@@ -222,3 +224,13 @@ def describe(row: list[int]) -> str:
     call, _, code, ndim, *shape = row
     dtype = DTYPES[code] if code < len(DTYPES) else "other"
     return f"call #{call}, shape {tuple(shape[:ndim])}, {dtype}"
+
+
+_DESTROY_REGISTERED = False
+
+
+def _destroy_at_exit() -> None:
+    global _DESTROY_REGISTERED
+    if not _DESTROY_REGISTERED:
+        atexit.register(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
+        _DESTROY_REGISTERED = True
