@@ -60,6 +60,16 @@ class Method:
     (weighted by the selected counts) and a text prompt each client keeps, logits = scale x cos(image, text)."""
 
     key: ClassVar[str] = ""  # the short name runs and tables record ("fedur"); default: the class name, lowercased
+    # How the method describes itself to tables, configs and resumes (read by fedur/tables and fedur/train/run_dir.py):
+    label: ClassVar[str] = ""  # its name in tables and figures ("pFedPrompt"); default: the class name
+    preset: ClassVar[str | None] = None  # configs/presets/<preset>.yaml: its published settings (the 'own' protocol)
+    # Constructor arguments added after runs were made, with the value such runs ran with: they resume and stay in
+    # their table when the argument now has that value.
+    added_settings: ClassVar[dict[str, Any]] = {"weighting": "selected"}
+    # Constructor arguments that do not change what a run computes: a resume may change them freely.
+    result_neutral: ClassVar[tuple[str, ...]] = ()
+    # Keys of fedur before this method was a class, and what replaces them: {"method.prox_mu": "--method PromptProx ..."}.
+    old_keys: ClassVar[dict[str, str]] = {}
     prompts: ClassVar[tuple[str, ...]] = ("visual", "text_ctx")
     trains: ClassVar[bool] = True  # local SGD on pseudo-labels; False: training-free (no labeller, no tuner)
     shared: tuple[str, ...] = ("visual",)  # the pieces the server aggregates (instance-level: an ablation may change it)
@@ -71,6 +81,8 @@ class Method:
         super().__init_subclass__(**kwargs)
         if "key" not in cls.__dict__ and not cls.__name__.startswith("LazyInstance_"):  # jsonargparse's default wrapper
             cls.key = cls.__name__.lower()
+        if "label" not in cls.__dict__:
+            cls.label = cls.__name__
         if "rows" not in inspect.signature(cls.logits).parameters:
             raise TypeError(f"{cls.__qualname__}.logits(model, images, prompts, text, client, rows=None) must take `rows`: "
                             "each image's position in the client's train images, or None (fedur/methods/base.py)")

@@ -25,6 +25,9 @@ class FedOTP(Method):
     """FedOTP: a global text prompt (averaged) and a local one (personal), matched to an image's patch
     features by unbalanced optimal transport; FPL pseudo-labels."""
 
+    preset = "fedotp"
+    old_keys = {"method.ot_": "--method FedOTP --method.eps / top_percent / max_iter / thresh"}
+
     prompts = ("text_ctx", "text_local")  # prompt 0 global, prompt 1 local
     shared = ("text_ctx",)
 

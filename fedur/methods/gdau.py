@@ -44,6 +44,8 @@ from fedur.model.classifier import PromptedCLIP
 class GDAU(Method):
     """GDA-U: Gaussian discriminant analysis fitted by federated EM from zero-shot CLIP, ensembled with it."""
 
+    label = "GDA-U"
+
     prompts = ()
     trains = False
     shared = GDAStats._fields  # the summed statistics: counts, sums, second_moment, num_samples

@@ -37,6 +37,10 @@ class PFedPrompt(Method):
     """pFedPrompt: a text prompt averaged by the server plus a personal Tip-Adapter cache of the client's
     pseudo-labelled image features; FPL pseudo-labels."""
 
+    label = "pFedPrompt"
+    preset = "pfedprompt"
+    added_settings = {**Method.added_settings, "cache_shots": None, "cache_self_vote": True, "cache_alpha_scale": "none"}
+
     prompts = ("text_ctx",)
     shared = ("text_ctx",)
 

@@ -20,6 +20,8 @@ from fedur.model.classifier import PromptedCLIP
 class PromptFL(Method):
     """PromptFL: one CoOp text prompt averaged by the server (FedAvg), no visual prompt; FPL pseudo-labels."""
 
+    preset = "promptfl"
+
     prompts = ("text_ctx",)
     shared = ("text_ctx",)
 
@@ -36,6 +38,9 @@ class PromptFL(Method):
 
 class PromptProx(PromptFL):
     """PromptProx: PromptFL with FedProx's proximal term on the shared prompt."""
+
+    preset = "promptprox"
+    old_keys = {"method.prox_mu": "--method PromptProx --method.mu"}
 
     def __init__(self, mu: NonNegativeFloat = 0.5, **kwargs) -> None:
         """

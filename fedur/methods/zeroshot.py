@@ -15,6 +15,8 @@ from fedur.model.classifier import PromptedCLIP
 class ZeroShot(Method):
     """Zero-shot CLIP: no prompts, no rounds; the run's result is the frozen model's accuracy."""
 
+    label = "CLIP (zero-shot)"
+
     prompts = ()
     shared = ()
     trains = False
