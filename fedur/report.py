@@ -152,6 +152,16 @@ def client_rows(run: Run) -> list[list[str]]:
     return rows
 
 
+def method_metric_rows(run: Run) -> list[list[str]]:
+    """One row per metric the method's aggregate reported: its first and last value, its range over the rounds."""
+    names = list(dict.fromkeys(name for r in run.rounds for name in (r.get("method") or {})))
+    rows = []
+    for name in names:
+        values = [r["method"][name] for r in run.rounds if name in (r.get("method") or {})]
+        rows.append([name, *(f"{v:.4g}" for v in (values[0], values[-1], min(values), max(values)))])
+    return rows
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = [header, ["---"] * len(header), *rows]
     return "\n".join("| " + " | ".join(cell.replace("|", "/") for cell in line) + " |" for line in lines)
@@ -171,6 +181,9 @@ def markdown(runs: list[Run], pngs: list[Path]) -> str:
         parts.append(f"## {run.name}{status}\n\n`{run.path}`")
         parts.append(table(["client", "train images", "zero-shot", "final", "best @ round", "selected (last round)"],
                            client_rows(run)))
+        metrics = method_metric_rows(run)
+        if metrics:  # what the method's server reported (Aggregated.metrics)
+            parts.append("Method metrics:\n\n" + table(["metric", "first round", "last round", "min", "max"], metrics))
     parts.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs))
     return "\n\n".join(parts) + "\n"
 

@@ -71,7 +71,7 @@ def test_setup_moves_the_model_to_the_device_and_keeps_the_clients_on_the_cpu():
     rank = rank_on(META)
     assert {p.device for p in rank.tuner.parameters()} == {META} and {b.device for b in rank.tuner.buffers()} == {META}
     assert rank.model.zero_shot_text.device == META
-    assert {t.device.type for c in rank.clients for t in c.prompts.values()} == {"cpu"}  # between rounds: the CPU
+    assert {t.device.type for c in rank.clients for t in c.pieces.values()} == {"cpu"}  # between rounds: the CPU
 
 
 def pseudo_labelled(client: ClientState, num_classes: int, count: int) -> None:
@@ -95,8 +95,8 @@ def test_a_training_step_of_every_method_runs_on_the_device(method, group):
                             "cache_labels": torch.arange(4) % 2, "cache_rows": torch.arange(4)}
     tuner.use_class_weights(torch.ones(rank.model.num_classes))
     on_device = [c.on(META) for c in clients]
-    names = tuner.trained_names()
-    prompts = [{n: t.clone().requires_grad_(n in names) for n, t in c.prompts.items()} for c in on_device]
+    names = tuner.trained_names(clients[0].pieces)
+    prompts = [{n: t.clone().requires_grad_(n in names) for n, t in c.pieces.items()} for c in on_device]
     batches = [(torch.zeros(3, 3, 32, 32, dtype=torch.uint8, device=META), torch.zeros(3, dtype=torch.long, device=META),
                 torch.zeros(3, rank.model.num_classes, dtype=torch.bool, device=META), torch.arange(3, device=META))
                for _ in clients]
@@ -114,17 +114,17 @@ def test_the_logits_of_every_method_without_training_run_on_the_device(method):
         client.extra = {"gda_W": torch.zeros(classes, dim, dtype=torch.float64), "gda_b": torch.zeros(classes, dtype=torch.float64)}
     device_client = client.on(META)
     with torch.no_grad():
-        text = rank.method.text_side(rank.model, device_client.prompts)
+        text = rank.method.text_side(rank.model, device_client.pieces)
         logits = rank.method.logits(rank.model, torch.zeros(2, 3, 32, 32, dtype=torch.uint8, device=META),
-                                    device_client.prompts, text, device_client, None)
+                                    device_client.pieces, text, device_client, None)
     assert logits.shape == (2, classes) and logits.device == META
 
 
 def test_a_client_on_the_device_is_a_copy_and_its_checkpoint_state_is_moved_to_the_cpu():
     client = ClientState(0, np.arange(3), np.arange(2), {"visual": torch.zeros(2)}, extra={"cache_keys": torch.ones(2)})
     moved = client.on(META)
-    assert moved.prompts["visual"].device == META and moved.extra["cache_keys"].device == META
-    assert client.prompts["visual"].device.type == "cpu" and client.extra["cache_keys"].device.type == "cpu"
+    assert moved.pieces["visual"].device == META and moved.extra["cache_keys"].device == META
+    assert client.pieces["visual"].device.type == "cpu" and client.extra["cache_keys"].device.type == "cpu"
     client.optimizer_state = {0: {"momentum_buffer": torch.zeros(2, device=META)}}  # SGD's state of a device run
     with pytest.raises(NotImplementedError, match="meta"):  # a copy to the CPU is attempted (meta has no data)
         client.state_dict()

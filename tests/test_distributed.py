@@ -88,10 +88,10 @@ def _no_hidden_sync_worker(fabric, config_args, run_dir):
     result = fit(fabric, cfg, RunDir(run_dir), config_yaml)
 
     texts = Collectives(fabric).gather_clients(
-        {c.client_id: c.prompts["text_ctx"] for c in result.clients}, 4, like=result.clients[0].prompts["text_ctx"], what="text prompts"
+        {c.client_id: c.pieces["text_ctx"] for c in result.clients}, 4, like=result.clients[0].pieces["text_ctx"], what="text prompts"
     )
     assert all(not torch.equal(texts[i], texts[j]) for i in range(4) for j in range(i)), "text prompts synchronized"
-    visuals = fabric.all_gather(result.global_prompts["visual"])  # (world_size, depth, n_tok, width)
+    visuals = fabric.all_gather(result.global_pieces["visual"])  # (world_size, depth, n_tok, width)
     assert torch.equal(visuals[0], visuals[1]), "global visual prompt differs across ranks"
     torch.manual_seed(cfg.run.seed)
     fresh = load_clip(cfg.model.name, cfg.model.pretrained).model.state_dict()

@@ -27,6 +27,10 @@ CASES = {
     "pfedprompt-grouped": ["--method", "PFedPrompt", "--run.clients_per_step", "2"],
     # training-free, no labeller: the server sums the clients' statistics; half the clients take part each round
     "gdau-join": ["--method", "GDAU", "--federation.join_rate", "0.5"],
+    # control variates in every client's extra and the server's state; their deltas sent as messages
+    "scaffold-join": ["--method", "SCAFFOLD", "--federation.join_rate", "0.75"],
+    # a piece of a plugin's own (an adapter on the image features), personal
+    "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],
 }
 
 

@@ -17,23 +17,23 @@ class ClientStateError(ValueError):
 
 @dataclass
 class ClientState:
-    """Everything that belongs to one client. After aggregation a shared prompt is the same tensor for
+    """Everything that belongs to one client. After aggregation a shared piece is the same tensor for
     every client; nothing is ever modified in place, so clients cannot affect each other."""
 
     client_id: int
     train_indices: np.ndarray  # into the dataset's train split
     test_indices: np.ndarray  # into the dataset's test split
-    prompts: dict[str, Tensor]  # the method's prompts it uses, by name ("visual", "text_ctx", ...): the global
+    pieces: dict[str, Tensor]  # the method's pieces (Method.pieces), by name ("visual", "text_ctx", ...): the global
     # aggregate for the shared ones, its own for the others
     optimizer_state: dict | None = None  # SGD momentum, kept across rounds only with optim.optimizer_state=client
     pseudo_labels: PseudoLabels | None = None
     extra: dict[str, Tensor] = field(default_factory=dict)  # the method's per-client state (pFedPrompt's cache)
 
     def on(self, device: torch.device) -> ClientState:
-        """A copy with its prompts and the method's `extra` tensors on `device`: what a pass over the client's
+        """A copy with its pieces and the method's `extra` tensors on `device`: what a pass over the client's
         images hands the method's hooks (moved once per pass, not per batch). The client itself stays on the
         CPU between rounds."""
-        return replace(self, prompts={name: t.to(device) for name, t in self.prompts.items()},
+        return replace(self, pieces={name: t.to(device) for name, t in self.pieces.items()},
                        extra={name: t.to(device) for name, t in self.extra.items()})
 
     # A client's random streams are a pure function of (run.seed, client_id, round) (federated/streams.py):
@@ -44,7 +44,7 @@ class ClientState:
             "client_id": self.client_id,
             "train_indices": torch.from_numpy(self.train_indices),
             "test_indices": torch.from_numpy(self.test_indices),
-            "prompts": {name: t.cpu() for name, t in self.prompts.items()},
+            "prompts": {name: t.cpu() for name, t in self.pieces.items()},  # the key of every format
             "optimizer_state": to_cpu(self.optimizer_state),
             "pseudo_labels": None if labels is None else vars(labels),
             "extra": {name: t.cpu() for name, t in self.extra.items()},
@@ -58,12 +58,12 @@ class ClientState:
                     f"client {self.client_id}: its {name} differ from the checkpoint's; the dataset or its "
                     "split changed since the run started (dataset.root contents, fractions, partition)"
                 )
-        if set(state["prompts"]) != set(self.prompts):
+        if set(state["prompts"]) != set(self.pieces):
             raise ClientStateError(
-                f"client {self.client_id}: the checkpoint holds prompts {sorted(state['prompts'])}, this method "
-                f"{sorted(self.prompts)}; the method or its share setting changed since the run started"
+                f"client {self.client_id}: the checkpoint holds pieces {sorted(state['prompts'])}, this method "
+                f"{sorted(self.pieces)}; the method or its share setting changed since the run started"
             )
-        self.prompts = {name: t.to(self.prompts[name].device) for name, t in state["prompts"].items()}
+        self.pieces = {name: t.to(self.pieces[name].device) for name, t in state["prompts"].items()}
         self.optimizer_state = momentum_only(state["optimizer_state"])
         labels = state["pseudo_labels"]
         self.pseudo_labels = None if labels is None else PseudoLabels(**labels)

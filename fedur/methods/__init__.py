@@ -4,12 +4,18 @@ whose constructor arguments are its settings; a class of your own joins them by 
 
 from __future__ import annotations
 
-from fedur.methods.base import ClientData, Method
+from fedur.methods.base import Aggregated, ClientData, ClientSide, LocalRound, LocalStep, Method, ServerRound, ServerSide
 from fedur.methods.fedotp import FedOTP
 from fedur.methods.fedur import FedCoPL, FedUR
 from fedur.methods.gdau import GDAU
 from fedur.methods.pfedprompt import PFedPrompt
+from fedur.methods.pieces import Piece, local_text_context, text_context, visual_prompt
 from fedur.methods.promptfl import PromptFL, PromptProx
+from fedur.methods.scaffold import SCAFFOLD
 from fedur.methods.zeroshot import ZeroShot
 
-__all__ = ["GDAU", "ClientData", "FedCoPL", "FedOTP", "FedUR", "Method", "PFedPrompt", "PromptFL", "PromptProx", "ZeroShot"]
+__all__ = [
+    "GDAU", "Aggregated", "ClientData", "ClientSide", "FedCoPL", "FedOTP", "FedUR", "LocalRound", "LocalStep", "Method",
+    "SCAFFOLD", "PFedPrompt", "Piece", "PromptFL", "PromptProx", "ServerRound", "ServerSide", "ZeroShot", "local_text_context",
+    "text_context", "visual_prompt",
+]

@@ -1,35 +1,37 @@
-"""What a federated method is, as the round loop asks it.
+"""What a federated method is, as the round loop asks it: a client side and a server side.
 
 A method is one class; its constructor arguments are its settings (`--method PromptProx --method.mu 0.1`;
-a class of your own by its import path, `--method mypkg.methods.Mine`). It differs from FedUR in a few
-named places, and only there (docs/extending.md walks through two examples):
+a class of your own by its import path, `--method mypkg.methods.Mine`). Every hook has FedUR's behaviour
+as its default, so a method overrides only where it differs (docs/extending.md walks through examples).
 
-A client's model
-- `prompts`: the prompt slots each client holds and trains ("visual", "text_ctx", "text_local");
-- `text_side` / `logits`: how a client's logits are formed from an image batch and its prompts;
-- `group_text_side` / `group_logits`: the same for several clients at once (run.clients_per_step). The
-  defaults call `text_side` and `logits` once per client, so they are right for every method; a method may
-  declare a fused forward (one pass of a tower for the whole group);
-- `penalty`: an extra term of the local loss (e.g. FedProx's proximal term);
-- `after_refresh`: per-client state built at each pseudo-label refresh, kept in `client.extra`
-  (checkpointed with the client);
-- `trains`: whether clients train their prompts with SGD on pseudo-labels (zero-shot CLIP and GDA-U do not);
-- `default_labeller` / `pair`: the pseudo-labeller it is paired with unless `--labeller` says otherwise.
+The client side (`ClientSide`: what a client trains, its logits, its loss, what it sends)
+- `pieces`: what each client holds and trains, each shared or personal (fedur/methods/pieces.py);
+- `text_side` / `logits`: how a client's logits are formed from an image batch and its pieces;
+- `group_text_side` / `group_logits`: the same for several clients at once (run.clients_per_step): one
+  call per client unless a method writes a fused forward, which then holds for the `logits` it was written
+  for (a subclass with other logits says `group_forward = "per_client"` or writes its own);
+- `penalty`: an extra term of a client's local loss (FedProx's proximal term);
+- `before_step` / `after_step`: around each optimizer step, seeing the client, the step, its learning rate
+  and the gradients of the pieces (a gradient correction, SCAFFOLD's);
+- `after_refresh`: per-client state built at each pseudo-label refresh, kept in `client.extra`;
+- `upload` / `messages`: what a client that took part sends: its shared pieces, and messages that are not
+  pieces (statistics, control-variate deltas), each declared with its shape;
+- `download`: what every client takes from the new global pieces and the server's state.
 
-The server (identical on every rank, from every client's upload in client-id order)
-- `init_shared`: the shared pieces and their initial value (default: the prompts in `shared`);
-- `upload`: what a client sends after its local update (default: its shared prompts);
-- `aggregate`: the new global pieces from the uploads (default: the weighted average), with the method's
-  own server state (checkpointed and restored with the run);
-- `download`: what a client takes from the global pieces (default: the shared prompts);
+The server side (`ServerSide`: identical on every rank, from every client's upload in client-id order)
+- `aggregate`: the new global pieces from a round's uploads (`ServerRound`: the round number, who took
+  part, the weights, the current pieces and the method's server state), with the new state and metrics
+  (`Aggregated`; the metrics reach metrics.jsonl, TensorBoard and fedur-report);
 - `client_weights`, `participants`, `rounds`: aggregation weights, who takes part, how many rounds.
 
-The loop, collectives, checkpoints, resume, metrics and placement are the same for every method.
+Pairing (`default_labeller`, `pair`) says which pseudo-labeller a method trains with. The loop,
+collectives, checkpoints, resume, metrics and placement are the same for every method.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
@@ -39,7 +41,8 @@ from torch import Tensor
 from fedur.federated.aggregation import weighted_average
 from fedur.federated.client import ClientState
 from fedur.federated.streams import participants
-from fedur.labels import CoDPL, Labeller
+from fedur.labels import Labeller
+from fedur.methods.pieces import Piece, text_context, visual_prompt
 from fedur.model.classifier import PromptedCLIP
 
 
@@ -55,11 +58,159 @@ class ClientData(Protocol):
         ...
 
 
-class Method:
-    """A federated method. The defaults are FedUR's structure: a deep visual prompt averaged by the server
-    (weighted by the selected counts) and a text prompt each client keeps, logits = scale x cos(image, text)."""
+@dataclass
+class LocalStep:
+    """One optimizer step of one client, as `before_step` / `after_step` see it."""
+
+    client: ClientState  # the client, its pieces those it began the round with and its `extra`, on the device
+    pieces: dict[str, Tensor]  # the pieces being trained; after backward, a trained one's `.grad` is this step's
+    trained: tuple[str, ...]  # the names of the pieces the optimizer steps
+    step: int  # the client's optimizer steps before this one in the round (from 0)
+    epoch: int  # the local epoch (from 0)
+    lr: float  # this step's learning rate (the schedule's, as the optimizer applies it)
+    optimizer: torch.optim.Optimizer
+
+
+@dataclass
+class LocalRound:
+    """A client's local training in one round, as `upload` sees it."""
+
+    start: dict[str, Tensor]  # the pieces it began the round with (on the CPU)
+    steps: int  # optimizer steps taken
+    lr_sum: float  # the sum of the steps' learning rates
+
+
+@dataclass(frozen=True)
+class ServerRound:
+    """What the server knows when it aggregates a round (every rank the same)."""
+
+    number: int  # the round, from 1
+    rounds: int  # how many the run has
+    uploads: dict[str, Tensor]  # {name: (K, *shape)}, row k client k's (zeros for one with weight 0); summed: (*shape)
+    weights: Tensor  # (K,) the aggregation weight of each client, 0 for those that did not upload
+    current: dict[str, Tensor]  # the global value of each shared piece before this round's aggregation
+    state: dict[str, Tensor]  # the method's own server state from the round before ({} at first)
+
+    @property
+    def participants(self) -> Tensor:
+        """(K,) bool: the clients whose uploads this round holds."""
+        return self.weights > 0
+
+
+@dataclass
+class Aggregated:
+    """What `aggregate` returns: the new global pieces, the method's new server state (None: unchanged; it is
+    checkpointed with the run) and metrics of the round ({name: number}: metrics.jsonl's "method", TensorBoard's
+    method/<name>, fedur-report)."""
+
+    shared: dict[str, Tensor]
+    state: dict[str, Tensor] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class ClientSide:
+    """What a client trains and sends. Defaults: FedUR's (a deep visual prompt shared, a text context personal,
+    logits = scale x cos(image, text))."""
+
+    group_forward: ClassVar[Literal["fused", "per_client"]] = "per_client"  # set where group_logits is written
+
+    def pieces(self) -> dict[str, Piece]:
+        """The pieces each client holds, by name, in the optimizer's order (fedur/methods/pieces.py)."""
+        return {"visual": visual_prompt(shared=True), "text_ctx": text_context(shared=False)}
+
+    def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
+        """What the logits need from the text tower, computed once per pass (and every training step)."""
+        return model.text_features(pieces.get("text_ctx"))
+
+    def group_text_side(self, model: PromptedCLIP, pieces: list[dict[str, Tensor]]) -> list[Any]:
+        """`text_side` of several clients' pieces (run.clients_per_step). Default: once per client."""
+        return [self.text_side(model, p) for p in pieces]
+
+    def logits(self, model: PromptedCLIP, images: Tensor, pieces: dict[str, Tensor], text: Any,
+               client: ClientState, rows: Tensor | None = None) -> Tensor:
+        """(B, C) logits of the client's model with `pieces` (the ones being trained, or the client's own).
+        `client`: the client with its pieces and `extra` on the images' device; `rows`: (B,) int64, each image's
+        position in the client's train images (on the device), or None for test images."""
+        return model.logits(model.image_features(images, visual=pieces.get("visual")), text)
+
+    def group_logits(self, model: PromptedCLIP, images: list[Tensor], pieces: list[dict[str, Tensor]],
+                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
+        """Each client's (B_k, C) logits of its batch `images[k]` with `pieces[k]` (several clients in one step,
+        run.clients_per_step); `rows[k]` as `logits`'s (None: no rows for any). Default: `logits` once per
+        client; a fused forward (one pass of a tower for the whole group) sets `group_forward = "fused"`."""
+        rows = [None] * len(images) if rows is None else rows
+        return [self.logits(model, x, p, t, c, r) for x, p, t, c, r in zip(images, pieces, texts, clients, rows)]
+
+    def penalty(self, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState) -> Tensor | None:
+        """An extra local loss term of the `pieces` being trained; `start`: those the client began the round with."""
+        return None
+
+    def before_step(self, step: LocalStep) -> None:
+        """After backward, before the optimizer steps: may change the trained pieces' `.grad` in place."""
+
+    def after_step(self, step: LocalStep) -> None:
+        """After the optimizer stepped (the pieces hold their new values)."""
+
+    def after_refresh(self, client: ClientState, data: ClientData) -> None:
+        """Build per-client state from the client's new pseudo-labels (in `client.extra`)."""
+
+    def messages(self, model: PromptedCLIP, start: dict[str, Tensor]) -> dict[str, Tensor]:
+        """What a client sends beyond its shared pieces: {name: a tensor of the shape and dtype every client's
+        has} (zeros will do; `start`: every piece's initial value, for a message shaped like one). Counted in
+        bytes_sent (and upload_bytes) as what they are; never written as pieces."""
+        return {}
+
+    def upload(self, client: ClientState, data: ClientData, local: LocalRound | None) -> dict[str, Tensor]:
+        """What a client that took part sends after its local update: one tensor per shared piece and per
+        message (`messages`). `local`: its training this round (None for a method that trains nothing). May
+        update the client's own state (`client.extra`, checkpointed with it)."""
+        return {name: client.pieces[name] for name in shared_names(self)}
+
+    def download(self, client: ClientState, shared: dict[str, Tensor], state: dict[str, Tensor]) -> None:
+        """What every client (also one that sat the round out) takes from the new global pieces `shared` (and
+        the method's server `state`)."""
+        client.pieces = {**client.pieces, **{name: shared[name] for name in shared_names(self)}}
+
+
+class ServerSide:
+    """How the server aggregates, whom it asks, for how long. Defaults: FedAvg over the clients that took part."""
+
+    # Uploads the server needs only summed over the clients that took part (sufficient statistics): they reach
+    # `aggregate` as that sum, added in client-id order and exchanged in chunks of clients (bounded memory per rank).
+    summed: ClassVar[tuple[str, ...]] = ()
+    weighting: str = "selected"  # Method.__init__'s setting
+
+    def aggregate(self, round: ServerRound) -> Aggregated:
+        """The new global pieces from the round's uploads: the weighted average in client-id order of each
+        shared piece; a piece nobody uploaded keeps its value."""
+        shared = {}
+        for name, current in round.current.items():
+            average = weighted_average(round.uploads[name], round.weights)
+            shared[name] = current if average is None else average
+        return Aggregated(shared)
+
+    def client_weights(self, selected: Tensor | None, train_sizes: Tensor) -> Tensor:
+        """(K,) aggregation weight of each client (`weighting`): its selected pseudo-label count |D~_k|
+        (`selected`; None without a labeller, then its number of train images), its train images, or 1."""
+        if self.weighting == "uniform":
+            return torch.ones_like(train_sizes)
+        return train_sizes if selected is None or self.weighting == "data" else selected
+
+    def participants(self, round_idx: int, num_clients: int, join_rate: float, seed: int) -> Tensor:
+        """(K,) bool: the clients that take part in round `round_idx` (from 0; default: ceil(join_rate * K),
+        drawn uniformly)."""
+        return torch.from_numpy(participants(num_clients, join_rate, seed, round_idx))
+
+    def rounds(self, configured: int) -> int:
+        """How many rounds to run of `federation.rounds`."""
+        return configured
+
+
+class Method(ClientSide, ServerSide):
+    """A federated method: a client side and a server side, each FedUR's unless overridden."""
 
     key: ClassVar[str] = ""  # the short name runs and tables record ("fedur"); default: the class name, lowercased
+    trains: ClassVar[bool] = True  # local SGD on pseudo-labels; False: training-free (no labeller, no tuner)
     # How the method describes itself to tables, configs and resumes (read by fedur/tables and fedur/train/run_dir.py):
     label: ClassVar[str] = ""  # its name in tables and figures ("pFedPrompt"); default: the class name
     preset: ClassVar[str | None] = None  # configs/presets/<preset>.yaml: its published settings (the 'own' protocol)
@@ -70,47 +221,36 @@ class Method:
     result_neutral: ClassVar[tuple[str, ...]] = ()
     # Keys of fedur before this method was a class, and what replaces them: {"method.prox_mu": "--method PromptProx ..."}.
     old_keys: ClassVar[dict[str, str]] = {}
-    prompts: ClassVar[tuple[str, ...]] = ("visual", "text_ctx")
-    trains: ClassVar[bool] = True  # local SGD on pseudo-labels; False: training-free (no labeller, no tuner)
-    shared: tuple[str, ...] = ("visual",)  # the pieces the server aggregates (instance-level: an ablation may change it)
-    # Shared pieces the server needs only summed over the clients that took part (sufficient statistics): they reach
-    # `aggregate` as that sum, added in client-id order and exchanged in chunks of clients (bounded memory per rank).
-    summed: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "key" not in cls.__dict__ and not cls.__name__.startswith("LazyInstance_"):  # jsonargparse's default wrapper
+        if cls.__name__.startswith("LazyInstance_"):  # jsonargparse's default wrapper
+            return
+        if "key" not in cls.__dict__:
             cls.key = cls.__name__.lower()
         if "label" not in cls.__dict__:
             cls.label = cls.__name__
         if "rows" not in inspect.signature(cls.logits).parameters:
-            raise TypeError(f"{cls.__qualname__}.logits(model, images, prompts, text, client, rows=None) must take `rows`: "
+            raise TypeError(f"{cls.__qualname__}.logits(model, images, pieces, text, client, rows=None) must take `rows`: "
                             "each image's position in the client's train images, or None (fedur/methods/base.py)")
-        # A fused grouped forward is written for the `logits` / `text_side` of the class that declares it: a class
-        # whose own (or a mixin's) differ falls back to the per-client default, which is always right.
-        for hook, reads in (("group_logits", ("logits", "text_side")), ("group_text_side", ("text_side",))):
-            owner = next(c for c in cls.__mro__ if hook in c.__dict__)
-            if owner is not Method and any(getattr(cls, name) is not getattr(owner, name) for name in reads):
-                setattr(cls, hook, getattr(Method, hook))
+        check_group_forward(cls)
 
     def __init__(self, weighting: Literal["selected", "data", "uniform"] = "selected") -> None:
         """
         Args:
-            weighting: The server's weight of each client in the average of a shared prompt: its number of
+            weighting: The server's weight of each client in the average of a shared piece: its number of
                 selected pseudo-labels |D~_k| ('selected', FedUR's and FedCoPL's code), its number of train
                 images ('data', FedOTP's re-implementation of the baselines), or the same for every client
                 ('uniform', PromptFL's code).
         """
         self.weighting = weighting
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
-
-    # ---------------------------------------------------------------- pairing and checks
+    def __repr__(self) -> str:  # its settings, not its bookkeeping
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in settings_of(self).items())})"
 
     def default_labeller(self) -> Labeller | None:
-        """The pseudo-labeller this method trains with unless `--labeller` names one (None: it needs none)."""
-        return CoDPL() if self.trains else None
+        """The pseudo-labeller this method trains with unless `--labeller` names one (None: none of its own)."""
+        return None
 
     def pair(self, labeller: Labeller | None) -> Labeller | None:
         """The labeller to run with: `labeller`, or this method's own for None. Raises ValueError when the
@@ -123,98 +263,42 @@ class Method:
                              "(--labeller CLASS), or return one from its default_labeller()")
         return paired
 
-    def visual_tokens(self, configured: int) -> int:
-        """Visual prompt tokens of the model: `model.visual_tokens`, or 0 for a method without a visual prompt."""
-        return configured if "visual" in self.prompts else 0
 
-    @property
-    def local_text(self) -> bool:
-        """Whether the model needs a second (local) text context."""
-        return "text_local" in self.prompts
-
-    def rounds(self, configured: int) -> int:
-        """How many rounds to run of `federation.rounds`."""
-        return configured
-
-    # ---------------------------------------------------------------- a client's model
-
-    def text_side(self, model: PromptedCLIP, prompts: dict[str, Tensor]) -> Any:
-        """What the logits need from the text tower, computed once per pass (and every training step)."""
-        return model.text_features(prompts.get("text_ctx"))
-
-    def group_text_side(self, model: PromptedCLIP, prompts: list[dict[str, Tensor]]) -> list[Any]:
-        """`text_side` of several clients' prompts (run.clients_per_step). Default: once per client."""
-        return [self.text_side(model, p) for p in prompts]
-
-    def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
-               client: ClientState, rows: Tensor | None = None) -> Tensor:
-        """(B, C) logits of the client's model with `prompts` (the ones being trained, or the client's own).
-        `client`: the client with its prompts and `extra` on the images' device; `rows`: (B,) int64, each image's
-        position in the client's train images (on the device), or None for test images."""
-        return model.logits(model.image_features(images, visual=prompts.get("visual")), text)
-
-    def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
-                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
-        """Each client's (B_k, C) logits of its batch `images[k]` with `prompts[k]` (several clients in one
-        step, run.clients_per_step); `rows[k]` as `logits`'s (None: no rows for any). Default: `logits` once
-        per client."""
-        rows = [None] * len(images) if rows is None else rows
-        return [self.logits(model, x, p, t, c, r) for x, p, t, c, r in zip(images, prompts, texts, clients, rows)]
-
-    def penalty(self, prompts: dict[str, Tensor], start: dict[str, Tensor]) -> Tensor | None:
-        """An extra local loss term of the `prompts` being trained; `start`: those the client began the round with."""
-        return None
-
-    def after_refresh(self, client: ClientState, data: ClientData) -> None:
-        """Build per-client state from the client's new pseudo-labels (in `client.extra`)."""
-
-    # ---------------------------------------------------------------- the server
-
-    def init_shared(self, model: PromptedCLIP) -> dict[str, Tensor]:
-        """The global value of each shared piece before the first round (and the shape every upload has)."""
-        return model.prompts(self.shared)
-
-    def upload(self, client: ClientState, data: ClientData) -> dict[str, Tensor]:
-        """What a client that took part sends after its local update, one tensor per shared piece."""
-        return {name: client.prompts[name] for name in self.shared}
-
-    def aggregate(self, uploads: dict[str, Tensor], weights: Tensor, current: dict[str, Tensor],
-                  state: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The new global pieces from `uploads` {name: (K, *shape)} (row k: client k's upload; zeros for a
-        client with weight 0; for a piece in `summed`, (*shape): the sum over the clients with weight > 0) and
-        `weights` (K,), given the `current` ones. `state`: the method's own server
-        state, kept between rounds and checkpointed (change it in place). Default: the weighted average in
-        client-id order; a piece nobody uploaded keeps its value."""
-        out = {}
-        for name, stacked in uploads.items():
-            average = weighted_average(stacked, weights)
-            out[name] = current[name] if average is None else average
-        return out
-
-    def download(self, client: ClientState, shared: dict[str, Tensor], state: dict[str, Tensor]) -> None:
-        """What every client (also one that sat the round out) takes from the new global pieces `shared` (and
-        the method's server `state`)."""
-        client.prompts = {**client.prompts, **{name: shared[name] for name in self.shared}}
-
-    def client_weights(self, selected: Tensor | None, train_sizes: Tensor) -> Tensor:
-        """(K,) aggregation weight of each client (`weighting`): its selected pseudo-label count |D~_k|
-        (`selected`; None without a labeller, then its number of train images), its train images, or 1."""
-        weighting = getattr(self, "weighting", "selected")  # a user's subclass may skip Method.__init__
-        if weighting == "uniform":
-            return torch.ones_like(train_sizes)
-        return train_sizes if selected is None or weighting == "data" else selected
-
-    def participants(self, round_idx: int, num_clients: int, join_rate: float, seed: int) -> Tensor:
-        """(K,) bool: the clients that take part in the round (default: ceil(join_rate * K), drawn uniformly)."""
-        return torch.from_numpy(participants(num_clients, join_rate, seed, round_idx))
+def shared_names(method: ClientSide) -> tuple[str, ...]:
+    """The names of the method's shared pieces, in declaration order."""
+    return tuple(name for name, piece in method.pieces().items() if piece.shared)
 
 
-def share_names(method: Method, share: str) -> tuple[str, ...]:
-    """The prompts an ablation of the aggregation protocol shares ('visual', 'text', 'both', 'none'); a
-    ValueError names what the method does not have."""
-    wanted = {"visual": ("visual",), "text": ("text_ctx",), "both": ("visual", "text_ctx"), "none": ()}[share]
-    missing = [name for name in wanted if name not in method.prompts]
-    if missing:
-        raise ValueError(f"share={share} averages {', '.join(missing)}, which {type(method).__name__} does not have "
-                         f"(its prompts: {', '.join(method.prompts) or 'none'})")
-    return wanted
+def settings_of(method: Method) -> dict[str, Any]:
+    """{argument: value} of the constructor arguments of the method's classes that it holds as attributes."""
+    names = []
+    for cls in type(method).__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None or cls is object:
+            continue
+        for name, parameter in inspect.signature(init).parameters.items():
+            if name != "self" and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) and name not in names:
+                names.append(name)
+    return {name: getattr(method, name) for name in names if name in vars(method)}
+
+
+def check_group_forward(cls: type) -> None:
+    """A fused grouped forward is written for the `logits` / `text_side` of the class that declares it: a
+    subclass whose own differ must say which forward it wants, or a group would be scored with another
+    method's logits."""
+    if cls.__dict__.get("group_forward") == "per_client":  # asked for: one call per client, always right
+        cls.group_logits, cls.group_text_side = ClientSide.group_logits, ClientSide.group_text_side
+        return
+    for hook, reads in (("group_logits", ("logits", "text_side")), ("group_text_side", ("text_side",))):
+        if getattr(cls, hook) is getattr(ClientSide, hook):  # the per-client default
+            continue
+        owner = next(c for c in cls.__mro__ if hook in c.__dict__)
+        if owner.__dict__.get("group_forward", getattr(owner, "group_forward", None)) != "fused":
+            raise TypeError(f"{owner.__qualname__} writes {hook} but does not declare it: set group_forward = 'fused' "
+                            "(a forward equal to one logits call per client up to rounding)")
+        changed = [name for name in reads if getattr(cls, name) is not getattr(owner, name)]
+        if changed:
+            raise TypeError(
+                f"{cls.__qualname__} overrides {' and '.join(changed)} but inherits {owner.__qualname__}'s fused {hook}, "
+                f"written for {owner.__qualname__}'s: set group_forward = 'per_client' in {cls.__qualname__} (one call "
+                f"per client, always right) or write its own {hook}")

@@ -16,6 +16,7 @@ from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import Method
 from fedur.methods.fedotp_math import ot_logits
+from fedur.methods.pieces import Piece, local_text_context, text_context
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.precision import full_precision
 from fedur.ranges import Fraction
@@ -28,8 +29,8 @@ class FedOTP(Method):
     preset = "fedotp"
     old_keys = {"method.ot_": "--method FedOTP --method.eps / top_percent / max_iter / thresh"}
 
-    prompts = ("text_ctx", "text_local")  # prompt 0 global, prompt 1 local
-    shared = ("text_ctx",)
+    def pieces(self) -> dict[str, Piece]:  # prompt 0 global, prompt 1 local
+        return {"text_ctx": text_context(shared=True), "text_local": local_text_context()}
 
     def __init__(
         self, eps: PositiveFloat = 0.1, top_percent: Fraction = 0.8, max_iter: PositiveInt = 100,
@@ -48,12 +49,12 @@ class FedOTP(Method):
     def default_labeller(self) -> Labeller | None:
         return FPL()
 
-    def text_side(self, model: PromptedCLIP, prompts: dict[str, Tensor]) -> Any:
-        return torch.stack([model.text_features(prompts["text_ctx"]), model.text_features(prompts["text_local"])])  # (2, C, D)
+    def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
+        return torch.stack([model.text_features(pieces["text_ctx"]), model.text_features(pieces["text_local"])])  # (2, C, D)
 
-    def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
+    def logits(self, model: PromptedCLIP, images: Tensor, pieces: dict[str, Tensor], text: Any,
                client: ClientState, rows: Tensor | None = None) -> Tensor:
-        patches = model.image_tokens(images, visual=prompts.get("visual"))[:, 1:]  # (B, M, D): every token but the class token
+        patches = model.image_tokens(images, visual=pieces.get("visual"))[:, 1:]  # (B, M, D): every token but the class token
         with full_precision(patches.device):
             return ot_logits(
                 patches.float(), text.float(), model.logit_scale.float(),

@@ -26,7 +26,7 @@ from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
 from torch import Tensor
 
 from fedur.federated.client import ClientState
-from fedur.methods.base import ClientData, Method
+from fedur.methods.base import Aggregated, ClientData, LocalRound, Method, ServerRound
 from fedur.methods.gda_math import (
     DEFAULT_ALPHA,
     GDAStats,
@@ -38,6 +38,7 @@ from fedur.methods.gda_math import (
     zero_statistics,
 )
 from fedur.methods.gda_math import e_step as posterior
+from fedur.methods.pieces import Piece
 from fedur.model.classifier import PromptedCLIP
 
 
@@ -46,10 +47,8 @@ class GDAU(Method):
 
     label = "GDA-U"
 
-    prompts = ()
     trains = False
-    shared = GDAStats._fields  # the summed statistics: counts, sums, second_moment, num_samples
-    summed = GDAStats._fields  # the server needs their sum only: exchanged in chunks of clients
+    summed = GDAStats._fields  # the statistics (messages): the server needs their sum only, exchanged in chunks of clients
 
     def __init__(
         self,
@@ -77,6 +76,7 @@ class GDAU(Method):
                 responsibilities are CLIP's own softmax.
             em_rounds: EM iterations at most (one per round); null: federation.rounds.
         """
+        super().__init__()
         self.alpha, self.precision_scale, self.prior = float(alpha), precision_scale, prior
         self.e_step, self.first_step, self.temperature = e_step, first_step, float(temperature)
         self.em_rounds = None if em_rounds is None else int(em_rounds)
@@ -86,10 +86,13 @@ class GDAU(Method):
 
     # ---------------------------------------------------------------- a client's model
 
-    def text_side(self, model: PromptedCLIP, prompts: dict[str, Tensor]) -> Any:
+    def pieces(self) -> dict[str, Piece]:
+        return {}  # no prompts: the classifier is fitted, not trained
+
+    def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
         return model.zero_shot_text
 
-    def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
+    def logits(self, model: PromptedCLIP, images: Tensor, pieces: dict[str, Tensor], text: Any,
                client: ClientState, rows: Tensor | None = None) -> Tensor:
         features = model.image_features(images, prompted=False)  # (B, D) frozen CLIP
         clip = model.logits(features, text)  # (B, C) float32
@@ -100,12 +103,12 @@ class GDAU(Method):
 
     # ---------------------------------------------------------------- the server
 
-    def init_shared(self, model: PromptedCLIP) -> dict[str, Tensor]:
+    def messages(self, model: PromptedCLIP, start: dict[str, Tensor]) -> dict[str, Tensor]:
         num_classes, dim = model.zero_shot_text.shape
-        return zero_statistics(num_classes, dim)._asdict()
+        return zero_statistics(num_classes, dim)._asdict()  # counts, sums, second_moment, num_samples
 
     @torch.no_grad()
-    def upload(self, client: ClientState, data: ClientData) -> dict[str, Tensor]:
+    def upload(self, client: ClientState, data: ClientData, local: LocalRound | None) -> dict[str, Tensor]:
         """The E-step on the client's train images with the classifier it holds, and their statistics."""
         model = data.model
         features = data.train_features(client)  # (n, D) float32 on CPU
@@ -117,15 +120,14 @@ class GDAU(Method):
                              alpha=self.alpha, temperature=self.temperature)
         return sufficient_statistics(features, weights)._asdict()
 
-    def aggregate(self, uploads: dict[str, Tensor], weights: Tensor, current: dict[str, Tensor],
-                  state: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The sum of the statistics of the clients that took part (in client-id order), and the classifier
-        fitted from it (the M-step), kept in the server state for every client to download."""
-        if not bool((weights > 0).any()):
-            return current
-        total = GDAStats(*(uploads[name] for name in GDAStats._fields))  # summed in client-id order (Method.summed)
-        state["W"], state["b"] = gda_classifier(total, precision_scale=self.precision_scale, prior=self.prior)
-        return total._asdict()
+    def aggregate(self, round: ServerRound) -> Aggregated:
+        """The classifier fitted (the M-step) from the sum of the statistics of the clients that took part (in
+        client-id order), kept in the server state for every client to download."""
+        if not bool(round.participants.any()):
+            return Aggregated(round.current)
+        total = GDAStats(*(round.uploads[name] for name in GDAStats._fields))  # summed in client-id order (Method.summed)
+        W, b = gda_classifier(total, precision_scale=self.precision_scale, prior=self.prior)
+        return Aggregated(round.current, {**round.state, "W": W, "b": b})
 
     def download(self, client: ClientState, shared: dict[str, Tensor], state: dict[str, Tensor]) -> None:
         if "W" in state:

@@ -29,6 +29,7 @@ from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import ClientData, Method
 from fedur.methods.cache import build_cache, cache_logits, shots_per_class
+from fedur.methods.pieces import Piece, text_context
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.precision import full_precision
 
@@ -41,8 +42,8 @@ class PFedPrompt(Method):
     preset = "pfedprompt"
     added_settings = {**Method.added_settings, "cache_shots": None, "cache_self_vote": True, "cache_alpha_scale": "none"}
 
-    prompts = ("text_ctx",)
-    shared = ("text_ctx",)
+    def pieces(self) -> dict[str, Piece]:
+        return {"text_ctx": text_context(shared=True)}
 
     def __init__(
         self, cache_alpha: NonNegativeFloat = 1.0, cache_beta: PositiveFloat = 5.5, cache_shots: PositiveInt | None = 16,
@@ -70,7 +71,7 @@ class PFedPrompt(Method):
     def default_labeller(self) -> Labeller | None:
         return FPL()
 
-    def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
+    def logits(self, model: PromptedCLIP, images: Tensor, pieces: dict[str, Tensor], text: Any,
                client: ClientState, rows: Tensor | None = None) -> Tensor:
         features = model.image_features(images)  # no visual prompt: the frozen CLIP's features
         logits = model.logits(features, text)

@@ -11,8 +11,9 @@ from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
-from fedur.methods.base import Method
+from fedur.methods.base import Method, shared_names
 from fedur.methods.fedur import fused_group_logits, fused_group_text_side
+from fedur.methods.pieces import Piece, text_context
 from fedur.methods.proximal import proximal_term
 from fedur.model.classifier import PromptedCLIP
 
@@ -22,18 +23,20 @@ class PromptFL(Method):
 
     preset = "promptfl"
 
-    prompts = ("text_ctx",)
-    shared = ("text_ctx",)
+    group_forward = "fused"
+
+    def pieces(self) -> dict[str, Piece]:
+        return {"text_ctx": text_context(shared=True)}
 
     def default_labeller(self) -> Labeller | None:
         return FPL()
 
-    def group_text_side(self, model: PromptedCLIP, prompts: list[dict[str, Tensor]]) -> list[Any]:
-        return fused_group_text_side(self, model, prompts)
+    def group_text_side(self, model: PromptedCLIP, pieces: list[dict[str, Tensor]]) -> list[Any]:
+        return fused_group_text_side(self, model, pieces)
 
-    def group_logits(self, model: PromptedCLIP, images: list[Tensor], prompts: list[dict[str, Tensor]],
+    def group_logits(self, model: PromptedCLIP, images: list[Tensor], pieces: list[dict[str, Tensor]],
                      texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
-        return fused_group_logits(self, model, images, prompts, texts, clients, rows)
+        return fused_group_logits(self, model, images, pieces, texts, clients, rows)
 
 
 class PromptProx(PromptFL):
@@ -50,6 +53,6 @@ class PromptProx(PromptFL):
         super().__init__(**kwargs)
         self.mu = float(mu)
 
-    def penalty(self, prompts: dict[str, Tensor], start: dict[str, Tensor]) -> Tensor | None:
-        names = [name for name in self.shared if name in start]
-        return proximal_term([prompts[n] for n in names], [start[n] for n in names], self.mu)
+    def penalty(self, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState) -> Tensor | None:
+        names = shared_names(self)
+        return proximal_term([pieces[n] for n in names], [start[n] for n in names], self.mu)

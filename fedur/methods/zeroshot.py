@@ -9,6 +9,7 @@ from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.methods.base import Method
+from fedur.methods.pieces import Piece
 from fedur.model.classifier import PromptedCLIP
 
 
@@ -17,19 +18,20 @@ class ZeroShot(Method):
 
     label = "CLIP (zero-shot)"
 
-    prompts = ()
-    shared = ()
     trains = False
 
-    def __init__(self) -> None:  # nothing to set: no prompts, nothing aggregated
-        pass
+    def __init__(self) -> None:  # nothing to set: no pieces, nothing aggregated
+        super().__init__()
+
+    def pieces(self) -> dict[str, Piece]:
+        return {}
 
     def rounds(self, configured: int) -> int:
         return 0  # nothing changes from round to round: the zero-shot evaluation is the result
 
-    def text_side(self, model: PromptedCLIP, prompts: dict[str, Tensor]) -> Any:
+    def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
         return model.zero_shot_text
 
-    def logits(self, model: PromptedCLIP, images: Tensor, prompts: dict[str, Tensor], text: Any,
+    def logits(self, model: PromptedCLIP, images: Tensor, pieces: dict[str, Tensor], text: Any,
                client: ClientState, rows: Tensor | None = None) -> Tensor:
         return model.logits(model.image_features(images, prompted=False), text)

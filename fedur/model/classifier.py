@@ -15,14 +15,14 @@ from fedur.model.text_tower import check_shared_prefix, encode_text_shared_prefi
 
 
 class PromptedCLIP(nn.Module):
-    """A frozen CLIP plus a text context (`text_prompt.ctx`), deep visual prompts (`visual_prompt`) and,
-    with `local_text=True`, a second text context (`text_local`; FedOTP's local prompt).
+    """A frozen CLIP that forms logits with the pieces a client hands it: a text context for the class
+    prompts (`text_features(ctx)`) and deep visual prompts (`image_features(images, visual=...)`).
 
-    The slots hold the prompts every client starts from (`prompts()`); the round loop never writes them: each
-    client's own prompts are handed to `text_features(ctx)` / `image_features(visual=...)` explicitly, and a
-    call without them uses the initial values. `normalize` is applied to every image batch first: the identity
-    for normalised float images, or the cache's uint8 -> float step (data/cache.py), which then runs on the
-    device instead of per sample in the loader.
+    It holds no client's pieces: a method declares them (fedur/methods/pieces.py) and their initial values
+    come from the shapes and the init here (`text_context_shape`, `visual_prompt_shape`, `init_std`); a call
+    without a visual prompt encodes the plain image. `normalize` is applied to every image batch first: the
+    identity for normalised float images, or the cache's uint8 -> float step (data/cache.py), which then runs
+    on the device instead of per sample in the loader.
     """
 
     def __init__(
@@ -34,32 +34,21 @@ class PromptedCLIP(nn.Module):
         visual_depth: int | None,
         init_std: float,
         seed: int,
-        local_text: bool = False,
     ) -> None:
         super().__init__()
         if n_ctx < 0 or visual_tokens < 0:
             raise ValueError("model.n_ctx and model.visual_tokens must be >= 0")
         self.clip = clip.model
+        self.init_std, self.seed = float(init_std), int(seed)
         text_width = self.clip.token_embedding.weight.shape[1]
-        self.text_prompt = TextPrompt(
-            self.clip.token_embedding,
-            clip.tokenizer,
-            classnames,
-            n_ctx,
-            init_prompt((n_ctx, text_width), init_std, seed=seed * 1000 + 1),
-        )
-        if visual_tokens > 0:
-            width, n_blocks = vision_width_and_depth(self.clip)
-            depth = n_blocks - 1 if visual_depth is None else visual_depth
-            if not 0 < depth <= n_blocks:
-                raise ValueError(f"model.visual_depth={visual_depth} must be in [1, {n_blocks}] for this backbone")
-            shape = (depth, visual_tokens, width)
-        else:
-            shape = (0, 0, 0)
-        self.visual_prompt = nn.Parameter(init_prompt(shape, init_std, seed=seed * 1000 + 2))  # (depth, n_tok, width)
-        self.text_prompt.ctx.requires_grad_(n_ctx > 0)
-        self.visual_prompt.requires_grad_(visual_tokens > 0)
-        self.text_local = nn.Parameter(init_prompt((n_ctx, text_width), init_std, seed=seed * 1000 + 3)) if local_text else None
+        self.text_context_shape = (n_ctx, text_width)
+        # The class prompts' fixed words and where the context goes; its `ctx` (the init of seed * 1000 + 1) is what
+        # text_features() without a context uses.
+        initial = init_prompt(self.text_context_shape, init_std, seed=seed * 1000 + 1)
+        self.text_prompt = TextPrompt(self.clip.token_embedding, clip.tokenizer, classnames, n_ctx, initial)
+        self.text_prompt.ctx.requires_grad_(False)
+        self._visual = (visual_tokens, visual_depth)
+        self.feature_dim = feature_dim(self.clip)  # D of image and class features
         self.scale = float(self.clip.logit_scale.exp())  # the frozen logit scale as a number: read without a device sync
         # The class prompts' token ids stay on the CPU too (not a buffer): the text tower works out its packing from
         # them, and its mask check is done here, so no pass on a device reads anything back.
@@ -82,18 +71,18 @@ class PromptedCLIP(nn.Module):
     def logit_scale(self) -> Tensor:
         return self.clip.logit_scale.exp()
 
-    def slots(self) -> dict[str, nn.Parameter]:
-        slots = {"visual": self.visual_prompt, "text_ctx": self.text_prompt.ctx}
-        if self.text_local is not None:
-            slots["text_local"] = self.text_local
-        return slots
-
-    def trainable_slots(self) -> dict[str, nn.Parameter]:
-        """The prompt slots that train, by name, in the optimizer's order."""
-        return {name: p for name, p in self.slots().items() if p.requires_grad and p.numel()}
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return list(self.trainable_slots().values())
+    @property
+    def visual_prompt_shape(self) -> tuple[int, int, int]:
+        """(depth, model.visual_tokens, vision width) of deep visual prompts; (0, 0, 0) with no visual tokens.
+        model.visual_depth is checked here, when a method declares a visual prompt."""
+        tokens, visual_depth = self._visual
+        if tokens == 0:
+            return (0, 0, 0)
+        width, n_blocks = vision_width_and_depth(self.clip)
+        depth = n_blocks - 1 if visual_depth is None else visual_depth
+        if not 0 < depth <= n_blocks:
+            raise ValueError(f"model.visual_depth={visual_depth} must be in [1, {n_blocks}] for this backbone")
+        return (depth, tokens, width)
 
     def text_features(self, ctx: Tensor | None = None) -> Tensor:
         """(C, D) unit-norm class features with the text context `ctx` (n_ctx, width) (default:
@@ -111,14 +100,13 @@ class PromptedCLIP(nn.Module):
         return F.normalize(features, dim=-1)
 
     def image_features(self, images: Tensor, prompted: bool = True, visual: Tensor | None = None) -> Tensor:
-        """Unit-norm features of an image batch, with the visual prompts or (`prompted=False`) as plain CLIP.
-        `visual`: other visual prompts than the model's slot, (depth, n_tok, width) or one per image
-        (B, depth, n_tok, width)."""
+        """Unit-norm features of an image batch with the visual prompts `visual`, (depth, n_tok, width) or one per
+        image (B, depth, n_tok, width); None (or no elements): the frozen encoder's prompt-free path. With
+        `prompted=False`, plain CLIP's `encode_image`."""
         images = self.normalize(images)
         if not prompted:
             return F.normalize(self.clip.encode_image(images), dim=-1)
-        prompts = self.visual_prompt if visual is None else visual
-        prompts = prompts if prompts.numel() else None
+        prompts = visual if visual is not None and visual.numel() else None
         return F.normalize(encode_image_prompted(self.clip.visual, images, prompts), dim=-1)
 
     def logits(self, image_features: Tensor, text_features: Tensor, owners: Tensor | None = None) -> Tensor:
@@ -147,16 +135,19 @@ class PromptedCLIP(nn.Module):
 
     def image_tokens(self, images: Tensor, visual: Tensor | None = None) -> Tensor:
         """(B, 1 + N, D) unit-norm projected output tokens (class token first, then the patches), with the
-        visual prompts `visual` (default: the model's slot)."""
+        visual prompts `visual` (None: none)."""
         images = self.normalize(images)
-        prompts = self.visual_prompt if visual is None else visual
-        prompts = prompts if prompts.numel() else None
+        prompts = visual if visual is not None and visual.numel() else None
         return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, return_tokens=True), dim=-1)
 
-    def prompts(self, names: tuple[str, ...] | None = None) -> dict[str, Tensor]:
-        """Detached copies of the named prompts (default: every slot)."""
-        slots = self.slots()
-        return {name: slots[name].detach().clone() for name in (tuple(slots) if names is None else names)}
+
+def feature_dim(clip: nn.Module) -> int:
+    """D: the width of CLIP's joint embedding (the image tower's output)."""
+    output = getattr(clip.visual, "output_dim", None)
+    if output is not None:
+        return int(output)
+    projection = clip.text_projection
+    return int(projection.out_features if isinstance(projection, nn.Linear) else projection.shape[1])
 
 
 def _identity(images: Tensor) -> Tensor:

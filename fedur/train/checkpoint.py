@@ -244,7 +244,7 @@ def save_prompts(folder: Path, shared: dict[str, Tensor], clients: list[ClientSt
     if write_shared and shared:
         save({name: t.cpu() for name, t in shared.items()}, folder / "global.pt")
     for client in clients:
-        state = {"client_id": client.client_id, **{name: t.cpu() for name, t in client.prompts.items()}}
+        state = {"client_id": client.client_id, **{name: t.cpu() for name, t in client.pieces.items()}}
         state.update({name: t.cpu() for name, t in client.extra.items() if name not in state})
         save(state, folder / f"client_{client.client_id:03d}.pt")
 

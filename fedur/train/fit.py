@@ -15,6 +15,7 @@ from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.divergence import drift_diversity, mean_pairwise_cosine_distance
 from fedur.federated.placement import placement_table
+from fedur.methods.base import LocalRound, shared_names
 from fedur.train import checkpoint, faults
 from fedur.train.evaluate import evaluate_clients
 from fedur.train.local import train_unit
@@ -39,7 +40,7 @@ STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # agreed as max over ranks: SIGUSR1 (requ
 class FitResult:
     summary: dict | None  # None when the run stopped early on a signal (it resumes from its checkpoint)
     rank: Rank  # what this process held, with its clients' final prompts
-    global_prompts: dict[str, Tensor]  # the last aggregate of each shared piece ("visual", "text_ctx", ...)
+    global_pieces: dict[str, Tensor]  # the last aggregate of each shared piece ("visual", "text_ctx", ...)
     stopped_by: str | None = None  # the signal that stopped the run early
 
     @property
@@ -85,7 +86,8 @@ def fit(
     recorder.note_unlabelled(truth.train_labels is not None, rank.dataset.test.labelled and len(rank.dataset.test) > 0)
 
     method, labeller = rank.method, rank.tuner.labeller
-    server = ServerState({name: t.cpu() for name, t in method.init_shared(rank.model).items()})  # uploads gather on CPU
+    shared = {name: rank.start[name] for name in shared_names(method)}  # the declared initial values, on the CPU
+    server = ServerState(shared, {name: t.cpu() for name, t in method.messages(rank.model, rank.start).items()})  # uploads gather on CPU
     histogram_bytes = (2 if labeller is not None and labeller.cooperative else 1) * rank.model.num_classes * INT64_BYTES
     train_sizes = rank.gather({c.client_id: torch.tensor(len(c.train_indices), device="cpu") for c in rank.clients},
                               like=torch.tensor(0, device="cpu"), what="train sizes")
@@ -112,19 +114,21 @@ def fit(
         weights = method.client_weights(selected, train_sizes) * joined  # 0 for the clients that sit out,
         if selected is not None:  # and for those without a pseudo-label: nothing to train on, nothing to upload
             weights = weights * (selected > 0)
-        started = {c.client_id: c.prompts for c in rank.clients}  # before local training, for the divergence
-        local_losses = train_clients(rank, round_idx, weights, server, cfg.optim.optimizer_state) if method.trains else {}
+        started = {c.client_id: c.pieces for c in rank.clients}  # before local training, for the divergence
+        local_losses, local = train_clients(rank, round_idx, weights, server, cfg.optim.optimizer_state) if method.trains \
+            else ({}, {})
         clock.lap("train")
         divergence = prompt_divergence(rank, started, weights)
-        exchange(rank, server, weights)
+        method_metrics = exchange(rank, server, weights, local, round_idx + 1, rounds)
         clock.lap("aggregate")
         accuracy, confusion = evaluate_clients(rank, with_confusion=round_idx == rounds - 1)
         losses = rank.gather(local_losses, like=torch.zeros(4, dtype=torch.float64, device="cpu"), what="local losses")
         clock.lap("evaluate")
 
-        uploads = (weights > 0) * server.upload_bytes() + (histogram_bytes if refreshed else 0)
+        piece_bytes = server.upload_bytes()  # {name: bytes} of one client's upload
+        uploads = (weights > 0) * sum(piece_bytes.values()) + (histogram_bytes if refreshed else 0)
         outcome = RoundOutcome(round_idx, refreshed, joined, weights, accuracy, losses, uploads, clock.total(), clock.laps,
-                               method.trains)
+                               method.trains, piece_bytes, method_metrics)
         recorder.record_round(round_record(outcome, rounds, server.refresh, divergence, history.first_round))
         server.wall_seconds = wall_before + time.perf_counter() - start_time
         marker = checkpoint.Marker(round_idx, fed.num_clients, fabric.world_size, settings,
@@ -175,14 +179,16 @@ def stop_early(rank: Rank, stop: StopRequest, shared: dict[str, Tensor], round_i
     return FitResult(None, rank, shared, stopped_by=received)
 
 
-def train_clients(rank: Rank, round_idx: int, weights: Tensor, server: ServerState, mode: str) -> dict[int, Tensor]:
+def train_clients(rank: Rank, round_idx: int, weights: Tensor, server: ServerState,
+                  mode: str) -> tuple[dict[int, Tensor], dict[int, LocalRound]]:
     """Local training of this rank's clients that take part (weight > 0), unit by unit (fedur/train/local.py).
 
-    Returns each trained client's (mean loss, loss_pos, loss_neg, first learning rate). SGD momentum starts
+    Returns each trained client's (mean loss, loss_pos, loss_neg, first learning rate) and its LocalRound (what
+    the method's upload sees of its training). SGD momentum starts
     fresh (optim.optimizer_state `mode` reset), from the client's own, or from the one the previous client
     handed on (shared; kept in `server.carried_optimizer`).
     """
-    losses = {}
+    losses, local = {}, {}
     joined = [c for c in rank.clients if weights[c.client_id] > 0]
     for unit in rank.progress.iterate(rank.units(joined), f"round {round_idx + 1} clients"):
         starts = [{"reset": None, "client": c.optimizer_state, "shared": server.carried_optimizer}[mode] for c in unit]
@@ -191,18 +197,19 @@ def train_clients(rank: Rank, round_idx: int, weights: Tensor, server: ServerSta
             server.carried_optimizer = result.optimizer_state if mode == "shared" else None
             losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg, result.lr],
                                                     dtype=torch.float64, device="cpu")
+            local[client.client_id] = result.local
         if len(losses) == len(unit):  # after the rank's first unit
             faults.point("train", round_idx, rank.fabric.global_rank)
-    return losses
+    return losses, local
 
 
 def prompt_divergence(rank: Rank, started: dict[int, dict[str, Tensor]], weights: Tensor) -> dict[str, dict]:
-    """How far apart the clients' local updates of each prompt are, before aggregation (the paper's Fig. 2):
-    {prompt: {"drift_diversity", "cosine_distance"}} over the clients that trained. Every rank calls this."""
+    """How far apart the clients' local updates of each piece are, before aggregation (the paper's Fig. 2):
+    {piece: {"drift_diversity", "cosine_distance"}} over the clients that trained. Every rank calls this."""
     out = {}
-    for name in rank.method.prompts:
-        like = next(iter(started.values()))[name] if started else rank.model.prompts((name,))[name]
-        updates = {c.client_id: c.prompts[name] - started[c.client_id][name] for c in rank.clients if weights[c.client_id] > 0}
+    for name in rank.start:  # every declared piece
+        like = rank.start[name]
+        updates = {c.client_id: c.pieces[name] - started[c.client_id][name] for c in rank.clients if weights[c.client_id] > 0}
         stacked = rank.gather(updates, like=like, what=f"{name} prompt updates")[weights > 0]  # (K', *shape)
         out[name] = {  # drift diversity in FedVLS's form (the authors' own), sum_k |d_k|^2 / |sum_k d_k|^2
             "drift_diversity": drift_diversity(stacked, normalize_weights=False),

@@ -14,6 +14,7 @@ from fedur.data.loaders import epoch_order, in_batches
 from fedur.federated.client import ClientState, to_cpu
 from fedur.federated.streams import client_generator
 from fedur.labels.base import PseudoLabels
+from fedur.methods.base import LocalRound, LocalStep
 from fedur.model.precision import ieee_float32_matmuls
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ class LocalResult:
     loss_neg: float
     lr: float  # the learning rate of the round's first local epoch
     optimizer_state: dict  # the SGD state (momentum) after the round
+    local: LocalRound  # what the method's upload sees of the round: the start, the steps, their learning rates
 
 
 def epoch_plan(clients: list[ClientState], generators: list[torch.Generator], batch_size: int) -> list[list[tuple[int, Tensor]]]:
@@ -50,41 +52,49 @@ def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer
     """Train the clients of one unit (a client alone, or a group of run.clients_per_step) for the tuner's local
     epochs on their selected pseudo-labels, in place.
 
-    Each client starts from the prompts it holds (after aggregation: the global ones for what is shared)
+    Each client starts from the pieces it holds (after aggregation: the global ones for what is shared)
     and from its `optimizer_states` entry (SGD momentum; None: fresh), and keeps what it learned; the round
     loop decides what is uploaded. At every step each client that still has a batch in the epoch contributes
     its next one (its own data order); the batches go through the method's grouped forward, and the step
-    backpropagates the sum of the clients' own losses, so each client's prompts get their own gradient. Each
-    client has its own SGD and schedule and steps only when it had a batch.
+    backpropagates the sum of the clients' own losses, so each client's pieces get their own gradient. Each
+    client has its own SGD and schedule and steps only when it had a batch; the method's before_step and
+    after_step see each step.
     """
-    fabric, tuner, work, progress = rank.fabric, rank.tuner, rank.work, rank.progress
-    names = tuner.trained_names()  # the optimizer's order
+    fabric, tuner, work, progress, method = rank.fabric, rank.tuner, rank.work, rank.progress, rank.method
     device = fabric.device
+    starts = [c.pieces for c in clients]  # on the CPU: what the round began with (the method's upload sees it)
+    names = tuple(tuner.trained_names(clients[0].pieces))  # the optimizer's order
     on_device = [c.on(device) for c in clients]  # the round's start, and the method's state, moved once
-    prompts = [{n: t.detach().clone().requires_grad_(n in names) for n, t in c.prompts.items()} for c in on_device]
-    optimizers = [client_optimizer(rank, round_idx, state, [p[n] for n in names]) for p, state in zip(prompts, optimizer_states)]
+    pieces = [{n: t.detach().clone().requires_grad_(n in names) for n, t in c.pieces.items()} for c in on_device]
+    optimizers = [client_optimizer(rank, round_idx, state, [p[n] for n in names]) for p, state in zip(pieces, optimizer_states)]
     generators = [client_generator(work.seed, c.client_id, round_idx) for c in clients]  # each its own data order
     selected = [c.train_indices[c.pseudo_labels.indices.numpy()] for c in clients]  # rows of the train split
     lrs = [scheduler.get_last_lr()[0] for _, scheduler in optimizers]
     sums = torch.zeros(len(clients), 3, device=device)  # loss, loss_pos, loss_neg: summed on device, read once
-    steps = [0] * len(clients)
+    steps, lr_sums = [0] * len(clients), [0.0] * len(clients)
     who = f"client {clients[0].client_id}" if len(clients) == 1 else f"clients {', '.join(str(c.client_id) for c in clients)}"
-    for _ in progress.iterate(range(tuner.optim.local_epochs), f"{who} epochs"):
+    for epoch in progress.iterate(range(tuner.optim.local_epochs), f"{who} epochs"):
         plan = epoch_plan(clients, generators, work.batch_size)
         images = iter(rank.images.batches("train", [selected[k][b.numpy()] for step in plan for k, b in step]))
         for step in plan:
             order = [k for k, _ in step]
             batches = [fabric.to_device(batch_of(clients[k].pseudo_labels, b, next(images))) for k, b in step]
             with fabric.autocast():
-                outs = tuner.training_step(batches, [prompts[k] for k in order], [on_device[k] for k in order])
+                outs = tuner.training_step(batches, [pieces[k] for k in order], [on_device[k] for k in order])
             for k in order:
                 optimizers[k][0].zero_grad(set_to_none=True)
             with ieee_float32_matmuls():  # the float32 sections' gradients in float32 too (bf16 ones stay bf16)
                 fabric.backward(torch.stack([out["loss"] for out in outs]).sum())
             for k, out in zip(order, outs):
-                optimizers[k][0].step()
+                optimizer = optimizers[k][0]
+                lr = optimizer.param_groups[0]["lr"]  # a number: the schedule's, as SGD applies it
+                step = LocalStep(on_device[k], pieces[k], names, steps[k], epoch, lr, optimizer)
+                method.before_step(step)
+                optimizer.step()
+                method.after_step(step)
                 sums[k] += torch.stack([out["loss"].detach(), out["loss_pos"], out["loss_neg"]]).float()
                 steps[k] += 1
+                lr_sums[k] += lr
             if work.log_every_n_steps and max(steps) % work.log_every_n_steps == 0:
                 loss = sum(o["loss"].item() for o in outs)  # device-to-host sync, only when asked for
                 progress.write(f"  {who} step {max(steps)} loss {loss:.4f}")  # every rank
@@ -93,10 +103,10 @@ def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer
                 scheduler.step()
     results = []
     for k, client in enumerate(clients):
-        client.prompts = {n: t.detach().cpu().clone() for n, t in prompts[k].items()}  # as everything the server sees
+        client.pieces = {n: t.detach().cpu().clone() for n, t in pieces[k].items()}  # as everything the server sees
         means = (sums[k] / max(steps[k], 1)).tolist()  # device-to-host sync, once per client-round
         state = to_cpu(optimizers[k][0].state_dict()["state"])  # momentum kept between rounds, on the CPU like the rest
-        results.append(LocalResult(*means, lr=lrs[k], optimizer_state=state))
+        results.append(LocalResult(*means, lr=lrs[k], optimizer_state=state, local=LocalRound(starts[k], steps[k], lr_sums[k])))
     return results
 
 

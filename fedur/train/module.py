@@ -3,8 +3,8 @@ group of one), and the optimizer with its schedule.
 
 Fabric drives it (fedur/train/local.py); it is never wrapped in DistributedDataParallel, because local
 training must not synchronize anything across ranks. The frozen backbone lives in `model`; the prompts
-being trained are the clients' own tensors, handed to every step, so nothing of one client is ever left
-in the model for the next.
+being trained are the clients' own pieces (Method.pieces), handed to every step, so nothing of one client is
+ever left in the model for the next.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def cosine_factor(epoch: int, first_epoch: int, total_epochs: int) -> float:
 
 
 class PromptTuner(L.LightningModule):
-    """Trains clients' prompts on `model` (its frozen CLIP stays as it is) with the labeller's loss plus the
+    """Trains clients' pieces on `model` (its frozen CLIP stays as it is) with the labeller's loss plus the
     method's penalty, on logits the method forms."""
 
     def __init__(self, model: PromptedCLIP, method: Method, labeller: Labeller | None, optim: Optimization) -> None:
@@ -42,39 +42,38 @@ class PromptTuner(L.LightningModule):
     def num_classes(self) -> int:
         return self.model.num_classes
 
-    def trained_names(self) -> list[str]:
-        """The prompts a client trains, by name, in the optimizer's order."""
-        return [name for name in self.model.trainable_slots() if name in self.method.prompts]
+    def trained_names(self, pieces: dict[str, Tensor]) -> list[str]:
+        """The pieces a client trains, by name, in the optimizer's order: those the method declares trainable
+        that have elements (`pieces`: the client's values)."""
+        return [name for name, piece in self.method.pieces().items() if piece.trains and pieces[name].numel()]
 
     def use_class_weights(self, weights: Tensor | None) -> None:
         """The global class weights of the cross-entropy until the next pseudo-label refresh (None: unweighted)."""
         self.class_weights = None if weights is None else weights.to(self.device)
 
-    def training_step(self, batches: list[tuple[Tensor, ...]], prompts: list[dict[str, Tensor]],
+    def training_step(self, batches: list[tuple[Tensor, ...]], pieces: list[dict[str, Tensor]],
                       clients: list[ClientState]) -> list[dict[str, Tensor]]:
         """One step of a group: client k's batch (images (B_k, 3, H, W), pseudo-labels (B_k,), the labeller's
-        class mask (B_k, C) bool, the images' positions in the client's train images (B_k,)) with the prompts
-        `prompts[k]` it is training; `clients[k]`: the client with its state on the device (its prompts: those it
+        class mask (B_k, C) bool, the images' positions in the client's train images (B_k,)) with the pieces
+        `pieces[k]` it is training; `clients[k]`: the client with its state on the device (its pieces: those it
         began the round with). Returns each client's {"loss", "loss_pos", "loss_neg"}; the sum of the losses is
-        what to backpropagate (a client's prompts only reach its own loss, so each gets its own gradient)."""
-        texts = self.method.group_text_side(self.model, prompts)
-        logits = self.method.group_logits(self.model, [b[0] for b in batches], prompts, texts, clients, [b[3] for b in batches])
+        what to backpropagate (a client's pieces only reach its own loss, so each gets its own gradient)."""
+        texts = self.method.group_text_side(self.model, pieces)
+        logits = self.method.group_logits(self.model, [b[0] for b in batches], pieces, texts, clients, [b[3] for b in batches])
         outs = []
-        for part, (_, labels, mask, _), p, client in zip(logits, batches, prompts, clients):
+        for part, (_, labels, mask, _), p, client in zip(logits, batches, pieces, clients):
             loss, loss_pos, loss_neg = self.labeller.loss(part, labels, mask, self.class_weights)
-            penalty = self.method.penalty(p, client.prompts)  # client.prompts: those it began the round with
+            penalty = self.method.penalty(p, client.pieces, client)  # client.pieces: those it began the round with
             outs.append({"loss": loss if penalty is None else loss + penalty, "loss_pos": loss_pos, "loss_neg": loss_neg})
         return outs
 
-    def configure_optimizers(self, round_idx: int = 0, params: list[Tensor] | None = None) -> dict:
-        """SGD over one client's prompts `params` (default: the model's own slots) and its cosine schedule,
+    def configure_optimizers(self, round_idx: int, params: list[Tensor]) -> dict:
+        """SGD over one client's trained pieces `params` and its cosine schedule,
         stepped once per local epoch: lr = lr0 * (1 + cos(pi * e / E)) / 2, where e counts the local epochs
         since the last pseudo-label refresh and E = refresh_every * local_epochs. The scheduler starts at the
         first local epoch of round `round_idx`, so it restarts at every refresh. (The reference's two SGDs with
         equal settings act as this one.)"""
         o = self.optim
-        if params is None:
-            params = [self.model.trainable_slots()[name] for name in self.trained_names()]
         optimizer = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
         first_epoch = (round_idx % o.refresh_every) * o.local_epochs
         schedule = partial(cosine_factor, first_epoch=first_epoch, total_epochs=o.refresh_every * o.local_epochs)

@@ -8,7 +8,7 @@ together, in training (fedur/train/local.py) as in pseudo-labelling and evaluati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -50,6 +50,7 @@ class Rank:
     num_clients: int  # K, over all ranks
     work: LocalWork
     progress: Progress = QUIET  # rank 0's progress display; the others stay quiet
+    start: dict[str, Tensor] = field(default_factory=dict)  # every declared piece's initial value (CPU): what clients begin with
 
     @property
     def model(self) -> PromptedCLIP:
@@ -79,7 +80,7 @@ class Rank:
     ) -> dict[int, tuple[Tensor, Tensor]]:
         """Each hosted client's (logits (n_k, C) float32 on CPU, true labels (n_k,), UNLABELLED (-1) where the split
         has none: the train split never has, fedur/train/setup.py) over its own images of
-        `split`: with its model (the method's logits with the client's prompts), or as zero-shot CLIP. A unit
+        `split`: with its model (the method's logits with the client's pieces), or as zero-shot CLIP. A unit
         of several clients goes through the loader and the grouped forward together. With `desc`, rank 0
         shows the progress over units and batches."""
         out = {}
@@ -102,11 +103,11 @@ class Rank:
             who = f"client {unit[0].client_id}" if len(unit) == 1 else f"clients {unit[0].client_id}-{unit[-1].client_id}"
             batches = self.progress.iterate(batches, f"{who} batches", total=len(plan))
         model, method, device = self.model, self.method, self.fabric.device
-        on_device = [c.on(device) for c in unit]  # the clients' prompts and method state, moved once per pass
+        on_device = [c.on(device) for c in unit]  # the clients' pieces and method state, moved once per pass
         logits: list[list[Tensor]] = [[] for _ in unit]
         labels: list[list[Tensor]] = [[] for _ in unit]
         with self.fabric.autocast():
-            texts = [None] * len(unit) if zero_shot else method.group_text_side(model, [c.prompts for c in on_device])
+            texts = [None] * len(unit) if zero_shot else method.group_text_side(model, [c.pieces for c in on_device])
             for images, batch in batches:
                 images = self.fabric.to_device(images)
                 present, counts = torch.unique_consecutive(owners[batch], return_counts=True)
@@ -116,7 +117,7 @@ class Rank:
                 else:
                     k = present.tolist()
                     batch_rows = self.fabric.to_device(positions[batch]).split(counts) if split == "train" else [None] * len(k)
-                    parts = method.group_logits(model, list(images.split(counts)), [on_device[i].prompts for i in k],
+                    parts = method.group_logits(model, list(images.split(counts)), [on_device[i].pieces for i in k],
                                                 [texts[i] for i in k], [on_device[i] for i in k], list(batch_rows))
                 for i, part, part_labels in zip(present.tolist(), parts, true[batch].split(counts)):
                     logits[i].append(part.float().cpu())  # device-to-host copy per batch

@@ -186,6 +186,10 @@ class Recorder:
         for prompt, values in (row.get("prompt_divergence") or {}).items():  # Fig. 2 of the paper
             for name, value in values.items():
                 scalars[f"divergence/{prompt}_{name}"] = value
+        for name, value in (row.get("method") or {}).items():  # the method's own (Aggregated.metrics)
+            scalars[f"method/{name}"] = value
+        for name, size in (row.get("upload_bytes") or {}).items():
+            scalars[f"comm/upload_bytes_{name}"] = size
         for c, weight in enumerate(row.get("class_weights") or []):  # refresh rounds with class weights on
             scalars[f"pseudo_labels/class_weight_{c:03d}"] = weight
         self._scalars(scalars, step)

@@ -27,6 +27,8 @@ class RoundOutcome:
     seconds: float
     phase_seconds: dict[str, float]  # refresh, train, aggregate, evaluate
     trains: bool = True  # the clients that took part trained with SGD (False: a training-free method)
+    piece_bytes: dict[str, int] | None = None  # {shared piece or message: bytes} of one client's upload
+    method_metrics: dict[str, float] | None = None  # what the method's aggregate reported
 
 
 def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, divergence: dict[str, dict],
@@ -65,7 +67,9 @@ def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, di
         "round_seconds": outcome.seconds,
         "phase_seconds": outcome.phase_seconds,
         "bytes_sent": outcome.uploads.tolist(),
-        "prompt_divergence": divergence,  # {prompt: {drift_diversity, cosine_distance}} of the local updates
+        "upload_bytes": outcome.piece_bytes or {},  # {shared piece or message: bytes} of one client's upload
+        "prompt_divergence": divergence,  # {piece: {drift_diversity, cosine_distance}} of the local updates
+        "method": outcome.method_metrics or {},  # the method's own metrics of the round (Aggregated.metrics)
     }
 
 

@@ -18,11 +18,16 @@ from fedur.data.split_file import image_ids, keep_rows, left_out_ids, part_ids, 
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
+from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
 from fedur.train.module import Optimization, PromptTuner
 from fedur.train.progress import Progress
 from fedur.train.rank import LocalWork, Rank
+
+
+class SetupError(ValueError):
+    """The settings build a model the method cannot train; the message names them."""
 
 
 @dataclass
@@ -76,15 +81,17 @@ def setup(
                                  for split, data, kept in zip(("train", "test"), raw, (loading.train_kept, loading.test_kept))}
     truth = Truth(dataset.train.labels, record)
     dataset.train = dataset.train.without_labels()  # from here on, training cannot read a true train label
-    model = PromptedCLIP(
-        clip, dataset.classnames, cfg.model.n_ctx, method.visual_tokens(cfg.model.visual_tokens), cfg.model.visual_depth,
-        cfg.model.ctx_init_std, cfg.run.seed, local_text=method.local_text,
-    )
+    model = PromptedCLIP(clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
+                         cfg.model.ctx_init_std, cfg.run.seed)
     model.shared_prefix_text = cfg.model.shared_prefix_text
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
-    start = model.prompts(method.prompts)  # every client starts from the same, held on the CPU between rounds
+    start = initial_values(method.pieces(), model, cfg.run.seed)  # every client starts from these, held on the CPU
     tuner = PromptTuner(model, method, labeller, Optimization(
         optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every, optim.schedule)).to(fabric.device)
+    if method.trains and not tuner.trained_names(start):
+        raise SetupError(f"nothing to train: {type(method).__name__} has no prompt or other piece with elements "
+                         f"({', '.join(start) or 'none declared'}) with model.n_ctx={cfg.model.n_ctx} and "
+                         f"model.visual_tokens={cfg.model.visual_tokens}")
     model.zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)  # after the move
     local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank, cfg.run.clients_per_step)
     clients = [ClientState(k, train_parts[k], test_parts[k], dict(start)) for k in local_ids]
@@ -92,7 +99,7 @@ def setup(
                      cfg.run.clients_per_step)
     images = ImageLoader({"train": dataset.train, "test": dataset.test}, loading.transform, d.num_workers,
                          pin_memory=fabric.device.type == "cuda")
-    rank = Rank(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress)
+    rank = Rank(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start)
     return rank, truth, loading.skipped
 
 

@@ -173,11 +173,11 @@ def pfedprompt_client(tiny_clip, key_noise: float):
     `cache_rows`), their keys the frozen features with bf16-like noise (another bf16 computation, as on a GPU)."""
     from fedur.federated.client import ClientState
     from fedur.methods import PFedPrompt
+    from fedur.methods.pieces import initial_values
     from fedur.model.classifier import PromptedCLIP
 
     method = PFedPrompt()
-    model = PromptedCLIP(tiny_clip, ["cat", "dog", "a red bird"], 2, method.visual_tokens(2), None, 0.02, seed=1,
-                         local_text=method.local_text)
+    model = PromptedCLIP(tiny_clip, ["cat", "dog", "a red bird"], 2, 2, None, 0.02, seed=1)
     model.zero_shot_text = model.text_features()
     generator = torch.Generator().manual_seed(5)
     train_images = torch.randn(12, 3, 32, 32, generator=generator)
@@ -187,7 +187,7 @@ def pfedprompt_client(tiny_clip, key_noise: float):
     noise = key_noise * frozen.abs() * torch.randn(frozen.shape, generator=generator)
     keys = F.normalize(bf16(frozen + noise), dim=-1) if key_noise else frozen
     labels = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
-    prompts = model.prompts(method.prompts)
+    prompts = initial_values(method.pieces(), model, 1)
     client = ClientState(0, np.arange(12), np.arange(4), prompts,
                          extra={"cache_keys": keys, "cache_labels": labels, "cache_rows": cache_rows})
     return method, model, prompts, client, train_images, cache_rows

@@ -9,6 +9,8 @@ import torch
 from fedur.federated.client import ClientState
 from fedur.labels import CoDPL
 from fedur.methods import FedOTP, FedUR, Method, PFedPrompt, PromptFL
+from fedur.methods.base import ClientSide
+from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 
 
@@ -17,7 +19,7 @@ def clients_and_prompts(model: PromptedCLIP, method: Method, count: int) -> tupl
     generator = torch.Generator().manual_seed(7)
     prompts = []
     for _ in range(count):
-        own = model.prompts(method.prompts)
+        own = initial_values(method.pieces(), model, 1)
         prompts.append({n: t + 0.05 * torch.randn(t.shape, generator=generator) for n, t in own.items()})
     clients = [ClientState(k, np.arange(3), np.arange(2), p) for k, p in enumerate(prompts)]
     return clients, prompts
@@ -25,8 +27,7 @@ def clients_and_prompts(model: PromptedCLIP, method: Method, count: int) -> tupl
 
 @pytest.mark.parametrize("method", [FedUR(), PromptFL(), PFedPrompt(), FedOTP()], ids=lambda m: type(m).__name__)
 def test_the_grouped_forward_equals_each_clients_own(tiny_clip, method):
-    model = PromptedCLIP(tiny_clip, ["cat", "dog", "a red bird"], 2, method.visual_tokens(2), None, 0.02, seed=1,
-                         local_text=method.local_text)
+    model = PromptedCLIP(tiny_clip, ["cat", "dog", "a red bird"], 2, 2, None, 0.02, seed=1)
     model.zero_shot_text = model.text_features()
     clients, prompts = clients_and_prompts(model, method, 3)
     images = [torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(n)) for n in (2, 1, 3)]
@@ -42,19 +43,38 @@ def test_the_grouped_forward_equals_each_clients_own(tiny_clip, method):
     assert torch.equal(one[0], alone[0])
 
 
-def test_a_subclass_with_other_logits_loses_the_fused_forward():
-    class Scaled(FedUR):  # other logits, no grouped forward of its own
-        def logits(self, model, images, prompts, text, client, rows=None):
-            return 2 * super().logits(model, images, prompts, text, client, rows)
+def test_a_subclass_with_other_logits_must_say_which_grouped_forward_it_takes():
+    """A fused forward is written for its class's logits: a subclass with other logits that inherits it is refused
+    when the class is made (it used to lose the fused forward without a word); saying 'per_client' gives the
+    per-client default, always right."""
+    with pytest.raises(TypeError, match="overrides logits but inherits FedUR's fused group_logits"):
+        class Scaled(FedUR):  # other logits, no grouped forward of its own
+            def logits(self, model, images, pieces, text, client, rows=None):
+                return 2 * super().logits(model, images, pieces, text, client, rows)
 
-    class OwnText(PromptFL):  # another text side: its fused text pass no longer applies
-        def text_side(self, model, prompts):
-            return model.text_features(prompts["text_ctx"] * 2)
+    with pytest.raises(TypeError, match="overrides text_side but inherits PromptFL's fused group_logits"):
+        class OwnText(PromptFL):  # another text side: its fused text pass no longer applies
+            def text_side(self, model, pieces):
+                return model.text_features(pieces["text_ctx"] * 2)
+
+    class PerClient(FedUR):
+        group_forward = "per_client"
+
+        def logits(self, model, images, pieces, text, client, rows=None):
+            return 2 * super().logits(model, images, pieces, text, client, rows)
+
+    class Kept(FedUR):  # FedUR's own logits: its fused forward stays
+        pass
+
+    with pytest.raises(TypeError, match="writes group_logits but does not declare it"):
+        class Undeclared(Method):
+            def group_logits(self, model, images, pieces, texts, clients, rows=None):
+                return []
 
     assert FedUR.group_logits is not Method.group_logits and FedUR.group_text_side is not Method.group_text_side
-    assert Scaled.group_logits is Method.group_logits and Scaled.group_text_side is FedUR.group_text_side
-    assert OwnText.group_logits is Method.group_logits and OwnText.group_text_side is Method.group_text_side
-    assert PFedPrompt.group_logits is Method.group_logits  # its logits read each client's cache
+    assert PerClient.group_logits is ClientSide.group_logits and PerClient.group_text_side is ClientSide.group_text_side
+    assert Kept.group_logits is FedUR.group_logits
+    assert PFedPrompt.group_logits is ClientSide.group_logits  # its logits read each client's cache
 
 
 def test_the_grouped_text_tower_equals_one_pass_per_context(tiny_clip):
@@ -67,16 +87,14 @@ def test_the_grouped_text_tower_equals_one_pass_per_context(tiny_clip):
         torch.testing.assert_close(together, each, atol=1e-5, rtol=1e-5)
 
 
-def test_logits_from_a_mixin_also_drop_the_fused_forward():
+def test_logits_from_a_mixin_are_refused_beside_a_fused_forward():
     class DoubleLogits:
-        def logits(self, model, images, prompts, text, client, rows=None):
-            return 2 * Method.logits(self, model, images, prompts, text, client, rows)
+        def logits(self, model, images, pieces, text, client, rows=None):
+            return 2 * Method.logits(self, model, images, pieces, text, client, rows)
 
-    class Mixed(DoubleLogits, FedUR):  # FedUR's fused forward was written for FedUR's logits, not these
-        pass
-
-    assert Mixed.logits is DoubleLogits.logits and Mixed.group_logits is Method.group_logits
-    assert Mixed.group_text_side is FedUR.group_text_side  # its text side is still FedUR's
+    with pytest.raises(TypeError, match="Mixed overrides logits but inherits FedUR's fused group_logits"):
+        class Mixed(DoubleLogits, FedUR):  # FedUR's fused forward was written for FedUR's logits, not these
+            pass
 
 
 def test_a_method_that_trains_needs_a_labeller():

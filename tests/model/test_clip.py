@@ -42,14 +42,18 @@ def test_text_prompt_layout(tiny_clip):
 
 
 def test_deep_visual_prompts_reach_every_prompted_block(tiny_clip):
+    from fedur.methods import FedUR
+    from fedur.methods.pieces import initial_values
+
     model = PromptedCLIP(tiny_clip, CLASSES, n_ctx=4, visual_tokens=5, visual_depth=None, init_std=0.02, seed=1)
-    assert model.visual_prompt.shape == (2, 5, 64)  # 3 blocks: all but the last are prompted
+    pieces = {n: t.requires_grad_() for n, t in initial_values(FedUR().pieces(), model, 1).items()}
+    assert pieces["visual"].shape == model.visual_prompt_shape == (2, 5, 64)  # 3 blocks: all but the last are prompted
     images = torch.randn(2, 3, 32, 32)
-    logits = model(images)
+    logits = model.logits(model.image_features(images, visual=pieces["visual"]), model.text_features(pieces["text_ctx"]))
     assert logits.shape == (2, 3)
     logits.sum().backward()
-    assert all(model.visual_prompt.grad[i].abs().sum() > 0 for i in range(2))
-    assert model.text_prompt.ctx.grad.abs().sum() > 0
+    assert all(pieces["visual"].grad[i].abs().sum() > 0 for i in range(2))
+    assert pieces["text_ctx"].grad.abs().sum() > 0
     assert all(p.grad is None for p in tiny_clip.model.parameters())
 
 
@@ -100,12 +104,15 @@ def test_logits_are_scaled_cosines(tiny_clip):
 
 
 def test_same_seed_same_prompts(tiny_clip):
-    a = PromptedCLIP(tiny_clip, CLASSES, 4, 5, None, 0.02, seed=1)
-    b = PromptedCLIP(tiny_clip, CLASSES, 4, 5, None, 0.02, seed=1)
-    c = PromptedCLIP(tiny_clip, CLASSES, 4, 5, None, 0.02, seed=2)
-    assert torch.equal(a.visual_prompt, b.visual_prompt) and torch.equal(a.text_prompt.ctx, b.text_prompt.ctx)
-    assert not torch.equal(a.visual_prompt, c.visual_prompt)
-    assert abs(float(a.visual_prompt.detach().std()) - 0.02) < 0.005
+    from fedur.methods import FedUR
+    from fedur.methods.pieces import initial_values
+
+    model = PromptedCLIP(tiny_clip, CLASSES, 4, 5, None, 0.02, seed=1)
+    a, b, c = (initial_values(FedUR().pieces(), model, seed) for seed in (1, 1, 2))
+    assert torch.equal(a["visual"], b["visual"]) and torch.equal(a["text_ctx"], b["text_ctx"])
+    assert not torch.equal(a["visual"], c["visual"])
+    assert abs(float(a["visual"].std()) - 0.02) < 0.005
+    assert torch.equal(a["text_ctx"], model.text_prompt.ctx)  # the context text_features() uses without one
 
 
 def test_model_errors_say_what_to_do(tmp_path):

@@ -28,6 +28,7 @@ def demo_clip():
 
 
 def _features_and_ctx_grad(model: PromptedCLIP, shared: bool, weights: torch.Tensor):
+    model.text_prompt.ctx.requires_grad_(True)  # the model's own context (clients hand theirs), as a leaf to test with
     model.text_prompt.ctx.grad = None
     embeddings = model.text_prompt()
     tokens = model.text_prompt.tokens
@@ -178,6 +179,7 @@ def test_image_tokens_are_open_clips_projected_tokens(demo_clip):
 
 def test_image_tokens_carry_gradients_to_the_prompts(tiny_clip):
     model = PromptedCLIP(tiny_clip, ["a", "b"], n_ctx=2, visual_tokens=4, visual_depth=None, init_std=0.02, seed=1)
-    tokens = encode_image_prompted(model.clip.visual, torch.randn(2, 3, 32, 32), model.visual_prompt, return_tokens=True)
+    visual = torch.randn(model.visual_prompt_shape).mul(0.02).requires_grad_()
+    tokens = encode_image_prompted(model.clip.visual, torch.randn(2, 3, 32, 32), visual, return_tokens=True)
     tokens[:, 1:].pow(2).sum().backward()
-    assert all(model.visual_prompt.grad[i].abs().sum() > 0 for i in range(model.visual_prompt.shape[0]))
+    assert all(visual.grad[i].abs().sum() > 0 for i in range(visual.shape[0]))

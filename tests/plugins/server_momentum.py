@@ -1,6 +1,7 @@
 """FedUR with server momentum (FedAvgM, Hsu, Qi and Brown 2019, "Measuring the effects of non-identical data
-distribution for federated visual classification"): the server treats the change of each shared prompt as
-a pseudo-gradient and steps along its momentum. A method of a user's own, outside fedur:
+distribution for federated visual classification"): the server treats the change of each shared piece as
+a pseudo-gradient and steps along its momentum, and reports the momentum's norm every round. A method of a
+user's own, outside fedur:
 
     python fedur/main.py --config configs/smoke.yaml --method tests.plugins.server_momentum.ServerMomentum \\
         --method.momentum 0.5
@@ -9,13 +10,12 @@ a pseudo-gradient and steps along its momentum. A method of a user's own, outsid
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
-from fedur.methods import FedUR
+from fedur.methods import Aggregated, FedUR, ServerRound
 
 
 class ServerMomentum(FedUR):
-    """FedUR whose server steps each shared prompt along the momentum of its averaged updates."""
+    """FedUR whose server steps each shared piece along the momentum of its averaged updates."""
 
     def __init__(self, server_lr: float = 1.0, momentum: float = 0.9, share: str = "visual", **kwargs) -> None:
         """
@@ -27,13 +27,13 @@ class ServerMomentum(FedUR):
         super().__init__(share, **kwargs)  # weighting: documented by Method
         self.server_lr, self.momentum = float(server_lr), float(momentum)
 
-    def aggregate(self, uploads: dict[str, Tensor], weights: Tensor, current: dict[str, Tensor],
-                  state: dict[str, Tensor]) -> dict[str, Tensor]:
-        averaged = super().aggregate(uploads, weights, current, state)  # FedAvg: the weighted average
-        out = {}
+    def aggregate(self, round: ServerRound) -> Aggregated:
+        averaged = super().aggregate(round).shared  # FedAvg: the weighted average
+        shared, state, metrics = {}, {}, {}
         for name, average in averaged.items():
-            delta = current[name] - average  # (*shape) the round's pseudo-gradient
-            velocity = self.momentum * state.get(f"velocity_{name}", torch.zeros_like(delta)) + delta
+            delta = round.current[name] - average  # (*shape) the round's pseudo-gradient
+            velocity = self.momentum * round.state.get(f"velocity_{name}", torch.zeros_like(delta)) + delta
             state[f"velocity_{name}"] = velocity  # kept between rounds and checkpointed with the server
-            out[name] = current[name] - self.server_lr * velocity
-        return out
+            shared[name] = round.current[name] - self.server_lr * velocity
+            metrics[f"velocity_norm_{name}"] = velocity.norm()
+        return Aggregated(shared, state, metrics)

@@ -24,12 +24,12 @@ def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path)
     assert trained.keys() == fresh.model.state_dict().keys()
     assert all(torch.equal(trained[k], v) for k, v in fresh.model.state_dict().items()), "backbone changed"
 
-    texts = [c.prompts["text_ctx"] for c in result.clients]
+    texts = [c.pieces["text_ctx"] for c in result.clients]
     assert len(texts) == 4
     assert all(not torch.equal(texts[i], texts[j]) for i in range(4) for j in range(i)), "text prompts were shared"
-    global_visual = result.global_prompts["visual"]
-    assert set(result.global_prompts) == {"visual"}  # FedUR shares the visual prompt only
-    assert all(torch.equal(c.prompts["visual"], global_visual) for c in result.clients)
+    global_visual = result.global_pieces["visual"]
+    assert set(result.global_pieces) == {"visual"}  # FedUR shares the visual prompt only
+    assert all(torch.equal(c.pieces["visual"], global_visual) for c in result.clients)
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]  # counted from 1, as on the console
@@ -61,15 +61,15 @@ def differ(tensors):
 
 def test_share_both_makes_text_prompts_global(tmp_path):
     result, row = run_smoke(tmp_path, "--method.share", "both")
-    texts = [c.prompts["text_ctx"] for c in result.clients]
-    assert all(torch.equal(t, texts[0]) for t in texts) and set(result.global_prompts) == {"visual", "text_ctx"}
-    assert row["bytes_sent"][0] == (result.clients[0].prompts["visual"].numel() + texts[0].numel()) * 4 + 2 * 5 * 8
+    texts = [c.pieces["text_ctx"] for c in result.clients]
+    assert all(torch.equal(t, texts[0]) for t in texts) and set(result.global_pieces) == {"visual", "text_ctx"}
+    assert row["bytes_sent"][0] == (result.clients[0].pieces["visual"].numel() + texts[0].numel()) * 4 + 2 * 5 * 8
 
 
 def test_share_none_keeps_every_prompt_local(tmp_path):
     result, row = run_smoke(tmp_path, "--method.share", "none")
-    assert differ([c.prompts["visual"] for c in result.clients]) and differ([c.prompts["text_ctx"] for c in result.clients])
-    assert result.global_prompts == {} and row["bytes_sent"] == [2 * 5 * 8] * 4
+    assert differ([c.pieces["visual"] for c in result.clients]) and differ([c.pieces["text_ctx"] for c in result.clients])
+    assert result.global_pieces == {} and row["bytes_sent"] == [2 * 5 * 8] * 4
 
 
 def test_clients_that_sit_out_keep_their_text_prompt(tmp_path):
@@ -78,9 +78,9 @@ def test_clients_that_sit_out_keep_their_text_prompt(tmp_path):
     init = initial_text_prompt(result)
     for client in result.clients:
         joined = client.client_id in row["participants"]
-        assert torch.equal(client.prompts["text_ctx"], init) != joined
+        assert torch.equal(client.pieces["text_ctx"], init) != joined
         assert (row["loss"][client.client_id] is None) != joined
-        assert torch.equal(client.prompts["visual"], result.global_prompts["visual"])  # everyone downloads P^v
+        assert torch.equal(client.pieces["visual"], result.global_pieces["visual"])  # everyone downloads P^v
 
 
 def initial_text_prompt(result):
@@ -172,9 +172,9 @@ def test_clients_trained_together_equal_one_after_the_other(tmp_path):
             assert x["selection"] == y["selection"] and x["client_accuracy"] == y["client_accuracy"]
             assert x["loss"] == pytest.approx(y["loss"], rel=1e-4)
         for p, q in zip(runs[a].clients, runs[b].clients):
-            assert p.prompts.keys() == q.prompts.keys()
-            for name in p.prompts:
-                assert torch.allclose(p.prompts[name], q.prompts[name], atol=1e-5), name
+            assert p.pieces.keys() == q.pieces.keys()
+            for name in p.pieces:
+                assert torch.allclose(p.pieces[name], q.pieces[name], atol=1e-5), name
             momentum = [s["momentum_buffer"] for s in (p.optimizer_state[0], q.optimizer_state[0])]
             assert torch.allclose(*momentum, atol=1e-5)
     placement = json.loads((tmp_path / "three" / "placement.json").read_text())
