@@ -238,14 +238,67 @@ GROUPS = {
 }
 PLUGINS = ("method", "labeller", "dataset")
 
-# Settings that do not change what a run computes: a resumed run may change them freely.
+# fedur's own settings that do not change what a run computes: a resumed run may change them freely. A plugin's
+# (method.*, labeller.*, dataset.*) are its class's to say: its `result_neutral` (`neutral_settings`).
 RESULT_NEUTRAL = {
-    "model.cache_dir", "dataset.root", "dataset.download", "data.num_workers", "data.cache", "data.cache_dir",
+    "model.cache_dir", "data.num_workers", "data.cache", "data.cache_dir",
     "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
     "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "fabric.accelerator",
     "fabric.devices", "fabric.num_nodes", "fabric.strategy",
 }
+
+
+def plugin_class(group: str, class_path: str | None) -> type | None:
+    """The class a plugin setting names (`group`: method, labeller or dataset; `class_path` as the settings record
+    it); one that cannot be imported (a settings record of someone else's plugin): the group's base class, whose
+    description every plugin of the group starts from. None: no plugin (the method's own labeller)."""
+    import importlib
+
+    if class_path is None:
+        return None
+    parts = class_path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):  # the longest importable module, then attributes (nested classes)
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                found = getattr(found, name)
+        except AttributeError:
+            break
+        if isinstance(found, type):
+            return found
+        break
+    return _plugin_base(group)
+
+
+def _plugin_base(group: str) -> type:
+    if group == "method":
+        from fedur.methods.base import Method
+
+        return Method
+    if group == "labeller":
+        from fedur.labels.base import Labeller
+
+        return Labeller
+    from fedur.data.datasets import Dataset
+
+    return Dataset
+
+
+def plugin_described(flat: dict, attribute: str) -> dict[str, object]:
+    """{"<group>.<arg>": value} of what the run's plugin classes (named in the flat settings, `flat_settings`) say
+    of their settings: `attribute` "added_settings" (the value runs from before an argument ran with) or
+    "result_neutral" (value None)."""
+    described = {}
+    for group in PLUGINS:
+        cls = plugin_class(group, flat.get(group))
+        said = getattr(cls, attribute, None) or {}
+        said = said if isinstance(said, dict) else dict.fromkeys(said)
+        described.update({f"{group}.{arg}": value for arg, value in said.items()})
+    return described
 
 
 def flat_settings(settings: dict) -> dict:
@@ -271,7 +324,9 @@ DIGEST = "sha256:"
 def result_settings(settings: dict) -> dict:
     """The flat settings (`flat_settings`) that change results: what a checkpoint records and a resume compares;
     a file setting as the digest of the file's content (`file_digest`)."""
-    flat = {key: value for key, value in flat_settings(settings).items() if key not in RESULT_NEUTRAL}
+    flat = flat_settings(settings)
+    neutral = RESULT_NEUTRAL | set(plugin_described(flat, "result_neutral"))
+    flat = {key: value for key, value in flat.items() if key not in neutral}
     for key in FILE_SETTINGS:
         if flat.get(key) is not None:
             flat[key] = file_digest(flat[key])

@@ -43,6 +43,7 @@ from fedur.train import faults, ownership
 from fedur.train import run_dir as run_dirs
 from fedur.train.checkpoint import CheckpointError
 from fedur.train.preemption import StopRequest
+from fedur.train.setup import SetupError
 
 
 class ConfigError(ValueError):
@@ -53,7 +54,7 @@ ERROR_GRACE_SECONDS = 5.0
 
 USER_ERRORS = (
     ArgumentError, ConfigError, DataUnavailableError, ModelUnavailableError, PartitionError, CheckpointError,
-    run_dirs.RunDirError,
+    run_dirs.RunDirError, SetupError,
 )
 
 PLUGIN_HELP = {
@@ -69,22 +70,50 @@ PLUGIN_HELP = {
                "--dataset.help CLASS.",
 }
 
-# Keys of fedur before methods, labellers and datasets were classes, and what replaces them.
+# Keys of fedur before methods, labellers and datasets were classes, and what replaces them: the ones no plugin class
+# owns; each of fedur's plugin classes names its own (`old_keys`), gathered by `legacy_keys`.
 LEGACY_KEYS = {
     "method.name": "--method CLASS (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU)",
-    "method.labeller": "--labeller CLASS (FPL, CPL, CoPL, CoDPL)",
-    "labels.": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
-    "data.name": "--dataset CLASS (CIFAR10, CUB, ImageFolder, Synthetic, ...)",
-    "data.root": "--dataset.root",
-    "method.prox_mu": "--method PromptProx --method.mu",
-    "method.ot_": "--method FedOTP --method.eps / top_percent / max_iter / thresh",
     "run.fault": "the FEDUR_FAULT environment variable (fedur/train/faults.py)",
 }
+PLUGIN_BASES = {"method": Method, "labeller": Labeller, "dataset": Dataset}
 
 
-def build_parser() -> ArgumentParser:
+def legacy_keys() -> dict[str, str]:
+    """Old key (a prefix when it ends in "." or "_") -> what replaces it: LEGACY_KEYS and the `old_keys` of
+    fedur's own plugin classes."""
+    keys = dict(LEGACY_KEYS)
+    for key in PLUGINS:
+        for cls in builtin_classes(key):
+            keys.update(cls.__dict__.get("old_keys", {}))
+    return keys
+
+
+class Parser(ArgumentParser):
+    """jsonargparse's parser, with a plugin class's whole first docstring paragraph as its settings' heading
+    (`--method.help CLASS`; jsonargparse takes the docstring's first line, which cuts a wrapped sentence)."""
+
+    def add_class_arguments(self, class_type, nested_key=None, *args, **kwargs):
+        if kwargs.get("help") is None and isinstance(class_type, type) and issubclass(class_type, tuple(PLUGIN_BASES.values())):
+            kwargs["help"] = class_description(class_type)
+        return super().add_class_arguments(class_type, nested_key, *args, **kwargs)
+
+
+def class_description(cls: type) -> str | None:
+    """The first paragraph of the docstring that describes `cls` as one line, looked up as jsonargparse does (the
+    nearest class in the MRO with a docstring, stopping at one that defines its own constructor); None: none."""
+    for owner in cls.__mro__:
+        doc = owner.__dict__.get("__doc__")
+        if doc and doc.strip():
+            return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+        if "__init__" in owner.__dict__:
+            return None  # jsonargparse then reads the constructor's docstring
+    return None
+
+
+def build_parser() -> Parser:
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(
+    parser = Parser(
         prog="fedur",
         description="FedUR: federated unsupervised visual recognition with CLIP, every client on a Lightning "
         "Fabric rank. Launch with `fabric run [--devices N] fedur/main.py ...` or `python fedur/main.py ...`.",
@@ -122,7 +151,7 @@ def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = No
     keys = (*PLUGINS, *GROUPS)
     resolved = Namespace({name: namespace[name] for name in keys})
     config_yaml = parser.dump(resolved)
-    objects = parser.instantiate(resolved)
+    objects = instantiate(parser, resolved)
     settings = {name: _plain(resolved[name]) for name in keys}
     for name in PLUGINS:  # one name per class however it was spelled (FedUR, fedur.methods.fedur.FedUR, ...)
         if objects[name] is not None:
@@ -133,6 +162,30 @@ def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = No
         for field in fields(group):
             setattr(group, field.name, _plain_number(getattr(group, field.name)))
     return Config(**{name: objects[name] for name in keys}, settings=settings), config_yaml, namespace
+
+
+def instantiate(parser: ArgumentParser, resolved: Namespace) -> Namespace:
+    """The settings' objects; a plugin's constructor that refuses its arguments (ValueError, TypeError) is a
+    ConfigError naming the plugin: "--labeller mypkg.Strict: <its message>" (jsonargparse would wrap it in
+    its own error, a union's alternatives and a traceback)."""
+    refused = []
+
+    def construct(cls, *args, **kwargs):
+        try:
+            return cls(*args, **kwargs)
+        except (ValueError, TypeError) as err:
+            refused.append((cls, err))
+            raise
+
+    try:
+        return parser.instantiate(resolved, instantiators=[(construct, base, True) for base in PLUGIN_BASES.values()])
+    except (ValueError, TypeError) as err:
+        if not refused:
+            raise
+        cls, cause = refused[0]
+        key = next(k for k, base in PLUGIN_BASES.items() if issubclass(cls, base))
+        message = " ".join(str(cause).split())  # one line, as every error of fedur's
+        raise ConfigError(f"--{key} {cls.__module__}.{cls.__qualname__}: {message}") from err
 
 
 def _plain_number(value):
@@ -155,20 +208,29 @@ def _plain(value):
     return value
 
 
+# The parse errors fedur explains, as jsonargparse words them. jsonargparse (4.53) raises ArgumentError(None, text):
+# nothing in it, nor in the exceptions it chains (TypeError, ValueError, NSKeyError, all text only), names the refused
+# key, the plugin or the class path as data, so fedur reads the text. Each form is pinned by
+# tests/test_plugin_description.py::test_the_jsonargparse_messages_fedur_reads: an upgrade that rewords one fails there.
+MESSAGES = {
+    "group option": re.compile(r"Group '(\w+)' does not accept option '(\w+)'"),  # a YAML group's unknown key
+    "plugin option": re.compile(r'Parser key "(\w+)":.*?Option \'([\w.]+)\' is not accepted', re.DOTALL),  # a class's
+    "option": re.compile(r"Option '([\w.]+)' is not accepted"),  # a YAML key outside every group
+    "unrecognized": re.compile(r"unrecognized arguments: --([\w.]+)"),  # a command-line key
+    "plugin name": re.compile(r'Parser key "(method|labeller|dataset)":.*?Expected a dot import path string: (\S+)',
+                              re.DOTALL),  # a class name that is no class
+    "plugin abstract": re.compile(r'Parser key "(method|labeller|dataset)":.*is abstract', re.DOTALL),  # no class named
+}
+
+
 def refused_key(message: str) -> str | None:
     """The dotted key a parse error refuses, e.g. "method.name" for jsonargparse's ``Parser key "method": ...
     Option 'name' is not accepted``, "labels.tau_neg" or "data.name"; None when it names none."""
-    group = re.search(r"Group '(\w+)' does not accept option '(\w+)'", message)
-    if group:
-        return ".".join(group.groups())
-    plugin = re.search(r'Parser key "(\w+)":.*?Option \'([\w.]+)\' is not accepted', message, re.DOTALL)
-    if plugin:
-        return ".".join(plugin.groups())
-    option = re.search(r"Option '([\w.]+)' is not accepted", message)
-    if option:
-        return option.group(1)
-    unknown = re.search(r"unrecognized arguments: --([\w.]+)", message)
-    return unknown.group(1) if unknown else None
+    for form in ("group option", "plugin option", "option", "unrecognized"):
+        found = MESSAGES[form].search(message)
+        if found:
+            return ".".join(found.groups())
+    return None
 
 
 def explain(message: str, argv: list[str]) -> str:
@@ -176,10 +238,10 @@ def explain(message: str, argv: list[str]) -> str:
     for a plugin setting given without one, and what replaces a key of fedur before plugins (on the command
     line or in a YAML file)."""
     key = refused_key(message)
-    for old, new in LEGACY_KEYS.items():
+    for old, new in legacy_keys().items():
         if key is not None and (key == old.rstrip("._") or (old.endswith((".", "_")) and key.startswith(old))):
             return f"{message} (`{key}` is gone: use {new}; see docs/extending.md)"
-    unknown = re.search(r'Parser key "(method|labeller|dataset)":.*?Expected a dot import path string: (\S+)', message, re.DOTALL)
+    unknown = MESSAGES["plugin name"].search(message)
     if unknown:
         key, name = unknown.groups()
         names = plugin_names(key)
@@ -187,7 +249,7 @@ def explain(message: str, argv: list[str]) -> str:
         hint = f" (did you mean --{key} {close[0]}? names are class names)" if close else ""
         return (f"--{key} {name}: no such {key}{hint}; fedur's own: {', '.join(names)}, or the import path of a class "
                 "of your own (mypackage.module.ClassName)")
-    abstract = re.search(r'Parser key "(method|labeller|dataset)":.*is abstract', message, re.DOTALL)
+    abstract = MESSAGES["plugin abstract"].search(message)
     if abstract:
         key = abstract.group(1)
         return f"{message} (name the {key} before its settings: --{key} CLASS --{key}.<arg> ...)"
@@ -200,14 +262,19 @@ def explain(message: str, argv: list[str]) -> str:
 
 def plugin_names(key: str) -> list[str]:
     """The class names `--<key>` takes for fedur's own plugins."""
-    base = {"method": Method, "labeller": Labeller, "dataset": Dataset}[key]
-    found, todo = [], list(base.__subclasses__())
+    return sorted({cls.__name__ for cls in builtin_classes(key)[1:] if not inspect.isabstract(cls)})
+
+
+def builtin_classes(key: str) -> list[type]:
+    """fedur's own classes of plugin `key`: its base class, then every subclass in fedur (but private ones)."""
+    base = PLUGIN_BASES[key]
+    found, todo = [base], list(base.__subclasses__())
     while todo:
         cls = todo.pop(0)
         todo += cls.__subclasses__()
-        if not inspect.isabstract(cls) and cls.__module__.startswith("fedur.") and not cls.__name__.startswith(("_", "LazyInstance")):
-            found.append(cls.__name__)
-    return sorted(set(found))
+        if cls.__module__.startswith("fedur.") and not cls.__name__.startswith(("_", "LazyInstance")) and cls not in found:
+            found.append(cls)
+    return found
 
 
 def settle_num_clients(cfg: Config) -> int | None:
@@ -253,9 +320,6 @@ def validate(cfg: Config, env: LaunchEnv) -> None:
         method.pair(cfg.labeller)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    if method.trains and cfg.model.n_ctx + method.visual_tokens(cfg.model.visual_tokens) == 0:
-        raise ConfigError(f"nothing to train: {type(method).__name__} has no prompt with model.n_ctx={cfg.model.n_ctx} "
-                          f"and model.visual_tokens={cfg.model.visual_tokens}")
     if cfg.run.clients_per_step > 1 and cfg.optim.optimizer_state == "shared":
         raise ConfigError("run.clients_per_step > 1 trains clients at once, so no momentum can pass from one to the "
                           "next (optim.optimizer_state=shared); use optim.optimizer_state=client or reset")

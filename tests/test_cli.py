@@ -83,11 +83,9 @@ def test_settings_out_of_range_fail_at_parse_time(override, message):
 @pytest.mark.parametrize(
     "override, message",
     [
-        (["--model.n_ctx", "0", "--model.visual_tokens", "0"], "nothing to train"),
         (["--model.name", "ViT-Huge-Nope"], "Unknown open_clip model"),
         (["--dataset", "ImageFolder", "--dataset.root", "/nonexistent/data"], "/nonexistent/data/train is missing"),
         (["--optim.optimizer_state", "shared", "--fabric.accelerator", "cpu", "--fabric.devices", "2"], "needs one rank"),
-        (["--method", "PromptFL", "--model.n_ctx", "0"], "nothing to train: PromptFL has no prompt"),
         (["--method", "ZeroShot", "--labeller", "FPL"], "ZeroShot trains nothing, so it uses no pseudo-labeller"),
         (["--method", "GDAU", "--labeller", "CoDPL"], "GDAU trains nothing"),
     ],

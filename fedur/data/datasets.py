@@ -23,7 +23,7 @@ import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from jsonargparse.typing import PositiveInt
@@ -78,11 +78,27 @@ class Dataset:
     needs_classnames: ClassVar[bool] = False
     """True for data that names no classes itself (ClientFolders): `prepare_dataset` reads
     data.classnames_file and calls `load(seed, classnames=...)`."""
+    # How the dataset describes itself to tables, configs and resumes (as fedur.methods.Method does):
+    label: ClassVar[str] = ""
+    """Its name in tables and figures ("CIFAR10", "RESISC45"); default: the class name."""
+    added_settings: ClassVar[dict[str, Any]] = {}
+    """Constructor arguments added after runs were made, with the value such runs ran with: they resume and stay
+    in their table when the argument now has that value."""
+    result_neutral: ClassVar[tuple[str, ...]] = ("root", "download")
+    """Constructor arguments that do not change what a run computes (where the files are, whether a missing
+    archive may be downloaded): a resume may change them freely."""
+    old_keys: ClassVar[dict[str, str]] = {
+        "data.name": "--dataset CLASS (CIFAR10, CUB, ImageFolder, Synthetic, ...)",
+        "data.root": "--dataset.root",
+    }
+    """Keys of fedur before datasets were classes, and what replaces them (fedur/main.py names them in its errors)."""
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if getattr(cls, "key", None) is None and not cls.__name__.startswith("_"):  # a dataset naming no key (a
             cls.key = cls.__name__.lower()  # private base excepted): its class name, lowercased
+        if "label" not in cls.__dict__:
+            cls.label = cls.__name__
 
     def check(self) -> None:
         """Fail before any compute when the data cannot be had (no network, wrong path, unknown domain):

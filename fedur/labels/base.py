@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from jsonargparse.typing import NonNegativeFloat, OpenUnitInterval
@@ -41,11 +41,25 @@ class Labeller(ABC):
     within the per-class quotas all clients' histograms give (`allocate`)."""
 
     key: ClassVar[str] = ""  # the short name runs and tables record ("fpl"); default: the class name, lowercased
+    # How the labeller describes itself to tables, configs and resumes (as fedur.methods.Method does):
+    label: ClassVar[str] = ""  # its name in tables and figures ("CoDPL"); default: the class name
+    # Constructor arguments added after runs were made, with the value such runs ran with: they resume and stay in
+    # their table when the argument now has that value.
+    added_settings: ClassVar[dict[str, Any]] = {}
+    # Constructor arguments that do not change what a run computes: a resume may change them freely.
+    result_neutral: ClassVar[tuple[str, ...]] = ()
+    # Keys of fedur before labellers were classes, and what replaces them (fedur/main.py names them in its errors).
+    old_keys: ClassVar[dict[str, str]] = {
+        "method.labeller": "--labeller CLASS (FPL, CPL, CoPL, CoDPL)",
+        "labels.": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
+    }
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "key" not in cls.__dict__:
             cls.key = cls.__name__.lower()
+        if "label" not in cls.__dict__:
+            cls.label = cls.__name__
 
     @property
     def cooperative(self) -> bool:

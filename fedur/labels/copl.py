@@ -19,6 +19,8 @@ class CoPL(HardLabeller):
     pseudo-labels per class in proportion; each client takes its quota of most confident samples per class.
     With `cooperative_selection: false` each client keeps every filtered sample instead."""
 
+    added_settings = {**HardLabeller.added_settings, "quota_arithmetic": "exact"}  # runs before it ran the formula
+
     def __init__(
         self,
         cooperative_selection: bool = True,

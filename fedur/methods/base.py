@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
@@ -43,7 +43,9 @@ from fedur.federated.client import ClientState
 from fedur.federated.streams import participants
 from fedur.labels import Labeller
 from fedur.methods.pieces import Piece, text_context, visual_prompt
-from fedur.model.classifier import PromptedCLIP
+
+if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
+    from fedur.model.classifier import PromptedCLIP
 
 
 class ClientData(Protocol):

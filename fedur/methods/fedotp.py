@@ -6,7 +6,7 @@ No visual prompt."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jsonargparse.typing import PositiveFloat, PositiveInt
@@ -17,9 +17,11 @@ from fedur.labels import FPL, Labeller
 from fedur.methods.base import Method
 from fedur.methods.fedotp_math import ot_logits
 from fedur.methods.pieces import Piece, local_text_context, text_context
-from fedur.model.classifier import PromptedCLIP
 from fedur.model.precision import full_precision
 from fedur.ranges import Fraction
+
+if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
+    from fedur.model.classifier import PromptedCLIP
 
 
 class FedOTP(Method):

@@ -4,7 +4,7 @@ pseudo-labels), FedCoPL's CoPL."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -13,7 +13,9 @@ from fedur.federated.client import ClientState
 from fedur.labels import CoDPL, CoPL, Labeller
 from fedur.methods.base import Method
 from fedur.methods.pieces import Piece, text_context, visual_prompt
-from fedur.model.classifier import PromptedCLIP
+
+if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
+    from fedur.model.classifier import PromptedCLIP
 
 
 def fused_group_logits(method: Method, model: PromptedCLIP, images: list[Tensor], pieces: list[dict[str, Tensor]],

@@ -19,7 +19,7 @@ clients at D = 768: 4.7 GB), in chunks of clients of at most 256 MB per rank, so
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
@@ -39,7 +39,9 @@ from fedur.methods.gda_math import (
 )
 from fedur.methods.gda_math import e_step as posterior
 from fedur.methods.pieces import Piece
-from fedur.model.classifier import PromptedCLIP
+
+if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
+    from fedur.model.classifier import PromptedCLIP
 
 
 class GDAU(Method):

@@ -19,7 +19,7 @@ benchmarks/results/baselines/). The cache is rebuilt at every pseudo-label refre
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
@@ -30,8 +30,10 @@ from fedur.labels import FPL, Labeller
 from fedur.methods.base import ClientData, Method
 from fedur.methods.cache import build_cache, cache_logits, shots_per_class
 from fedur.methods.pieces import Piece, text_context
-from fedur.model.classifier import PromptedCLIP
 from fedur.model.precision import full_precision
+
+if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
+    from fedur.model.classifier import PromptedCLIP
 
 
 class PFedPrompt(Method):

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from fedur.model.prompts import init_prompt
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
     from fedur.model.classifier import PromptedCLIP
 
 

@@ -4,7 +4,7 @@ loss (spec sec. 10; FedOTP's re-implementation, mu = 0.5)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonargparse.typing import NonNegativeFloat
 from torch import Tensor
@@ -15,7 +15,9 @@ from fedur.methods.base import Method, shared_names
 from fedur.methods.fedur import fused_group_logits, fused_group_text_side
 from fedur.methods.pieces import Piece, text_context
 from fedur.methods.proximal import proximal_term
-from fedur.model.classifier import PromptedCLIP
+
+if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
+    from fedur.model.classifier import PromptedCLIP
 
 
 class PromptFL(Method):

@@ -15,13 +15,17 @@ assumes plain SGD at one learning rate]. The text context stays personal and unc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.methods.base import Aggregated, ClientData, LocalRound, LocalStep, ServerRound, shared_names
 from fedur.methods.fedur import FedUR
-from fedur.model.classifier import PromptedCLIP
+
+if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
+    from fedur.model.classifier import PromptedCLIP
 
 
 class SCAFFOLD(FedUR):

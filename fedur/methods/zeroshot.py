@@ -3,14 +3,16 @@ on every client's test set (the per-client mean) and on the whole test set (the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.methods.base import Method
 from fedur.methods.pieces import Piece
-from fedur.model.classifier import PromptedCLIP
+
+if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
+    from fedur.model.classifier import PromptedCLIP
 
 
 class ZeroShot(Method):

@@ -12,6 +12,10 @@ import importlib.resources
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from fedur.data.datasets import dataset_classes
+from fedur.labels import CPL, FPL, CoDPL, CoPL
+from fedur.methods import GDAU, FedCoPL, FedOTP, FedUR, PFedPrompt, PromptFL, PromptProx, ZeroShot
+
 
 def _configs() -> Path:
     """fedur's configs/: shipped inside the package as fedur.configs (a checkout's configs/ when installed
@@ -70,15 +74,18 @@ class Grid:
     protocol: str = "fedur"  # "own": every row with a preset runs with it (`with_protocol`)
 
 
-# Row keys (paper.py's) -> the class fedur's --method / --labeller take.
-METHOD_CLASSES = {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL", "promptprox": "PromptProx",
-                  "pfedprompt": "PFedPrompt", "fedotp": "FedOTP", "zeroshot": "ZeroShot", "gdau": "GDAU"}
-LABELLER_CLASSES = {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
-
+# fedur's own methods and labellers by key (paper.py's row keys): each class says its table name (`label`) and
+# its published settings (`preset`, configs/presets/<preset>.yaml).
+METHODS = {cls.key: cls for cls in (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU)}
+LABELLERS = {cls.key: cls for cls in (FPL, CPL, CoPL, CoDPL)}
+# Row keys -> the class fedur's --method / --labeller take.
+METHOD_CLASSES = {key: cls.__name__ for key, cls in METHODS.items()}
+LABELLER_CLASSES = {key: cls.__name__ for key, cls in LABELLERS.items()}
+LABELLER_LABELS = {key: cls.label for key, cls in LABELLERS.items()}
 
 # The baselines with settings of their own (configs/presets/<method>.yaml, their published ones): what the 'own'
 # protocol's grids (table7-own, ...) run them with.
-PRESETS = ("promptfl", "promptprox", "pfedprompt", "fedotp")
+PRESETS = tuple(key for key, cls in METHODS.items() if cls.preset)
 
 
 def preset_config(row: Row, column: Column) -> str | None:
@@ -86,32 +93,40 @@ def preset_config(row: Row, column: Column) -> str | None:
     return f"{column.presets}/{row.preset}.yaml" if row.preset else None
 
 
-def method_row(method: str, labeller: str | None, labels: tuple[str, str]) -> Row:
-    flags = ("--method", METHOD_CLASSES[method]) + (("--labeller", LABELLER_CLASSES[labeller]) if labeller else ())
-    return Row(key=f"{method}+{labeller}" if labeller else method, labels=labels, flags=flags,
-               preset=method if method in PRESETS else None)
+def method_row(method: str | type, labeller: str | type | None, labels: tuple[str, ...] | None = None) -> Row:
+    """The row of a method (fedur's by key, or a class: a user's by its import path) with a labeller (likewise;
+    None: the method's own); `labels`: the leading cells (default: the classes' `label`s, "-" for no labeller)."""
+    cls = METHODS[method] if isinstance(method, str) else method
+    paired = LABELLERS[labeller] if isinstance(labeller, str) else labeller
+    flags = ("--method", _flag(cls)) + (("--labeller", _flag(paired)) if paired else ())
+    key = cls.key + (f"+{paired.key}" if paired else "")
+    return Row(key=key, labels=labels or (cls.label, paired.label if paired else "-"), flags=flags, preset=cls.preset)
 
 
-ZERO_SHOT_ROW = Row("zeroshot", ("CLIP (zero-shot)", "-"), ("--method", "ZeroShot"), paper_basis=ZERO_SHOT)
-BASELINES = ("promptfl", "promptprox", "pfedprompt", "fedotp")
-BASELINE_LABELS = {"promptfl": "PromptFL", "promptprox": "PromptProx", "pfedprompt": "pFedPrompt", "fedotp": "FedOTP"}
-LABELLER_LABELS = {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
+def _flag(cls: type) -> str:
+    """What --method / --labeller take for a class: fedur's by name, any other by its import path."""
+    return cls.__name__ if cls.__module__.startswith("fedur.") else f"{cls.__module__}.{cls.__qualname__}"
+
+
+ZERO_SHOT_ROW = Row("zeroshot", (ZeroShot.label, "-"), ("--method", METHOD_CLASSES["zeroshot"]), paper_basis=ZERO_SHOT)
+BASELINES = ("promptfl", "promptprox", "pfedprompt", "fedotp")  # the paper's FL baselines, in its row order
+BASELINE_LABELS = {key: METHODS[key].label for key in BASELINES}
 
 # Table 1 and 2's rows, in the paper's order; GDA-U (training-free, cited by the paper but not in its tables)
 # is fedur's addition, below zero-shot CLIP.
+FEDCOPL_ROW = method_row("fedcopl", None, (METHODS["fedcopl"].label, LABELLER_LABELS["copl"]))  # its own labeller
+FEDUR_ROW = method_row("fedur", None, (METHODS["fedur"].label, LABELLER_LABELS["codpl"]))
 PAPER_ROWS = (
     ZERO_SHOT_ROW,
-    method_row("gdau", None, ("GDA-U", "EM")),
-    *(method_row(m, pl, (BASELINE_LABELS[m], LABELLER_LABELS[pl])) for m in BASELINES for pl in ("fpl", "cpl")),
-    method_row("fedcopl", None, ("FedCoPL", "CoPL")),
-    method_row("fedur", None, ("FedUR", "CoDPL")),
+    method_row("gdau", None, (METHODS["gdau"].label, "EM")),
+    *(method_row(m, pl) for m in BASELINES for pl in ("fpl", "cpl")),
+    FEDCOPL_ROW,
+    FEDUR_ROW,
 )
 
 # Table 7 (the FL baselines with each labeller). The paper prints 8 of these 16 rows: each baseline with
 # its better labeller of Table 1 and with CoDPL; FPL and CPL rows take their numbers from Table 1.
-LABELLER_ROWS = tuple(
-    method_row(m, pl, (BASELINE_LABELS[m], LABELLER_LABELS[pl])) for m in BASELINES for pl in ("fpl", "cpl", "copl", "codpl")
-)
+LABELLER_ROWS = tuple(method_row(m, pl) for m in BASELINES for pl in ("fpl", "cpl", "copl", "codpl"))
 
 # Table 6: (key, data selection, confidence filter, entropy filter, class weights, negatives), as the
 # paper's check marks print them. Rows 1-4 keep Weighted and Negative on (the paper's ticks); row 5,
@@ -141,8 +156,8 @@ def ablation_row(key: str, selection: bool, confidence: bool, entropy: bool, wei
     return Row(key, tuple(tick[v] for v in (selection, confidence, entropy, weighted, negative)), flags)
 
 
-DATASET_LABELS = {"dtd": "DTD", "resisc45": "RESISC45", "cub": "CUB", "ucf101": "UCF101", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
 TABLE1_DATASETS = ("dtd", "resisc45", "cub", "ucf101", "cifar10", "cifar100")
+DATASET_LABELS = {key: dataset_classes()[key].label for key in TABLE1_DATASETS}  # each dataset class's own
 
 
 def dirichlet_column(dataset: str, beta: str) -> Column:
@@ -250,7 +265,7 @@ GRIDS: dict[str, Grid] = {
     ),
     "tiny": Grid(
         "tiny", "tiny: the mechanics tests' model and data (does not learn)",
-        (method_row("fedur", None, ("FedUR", "CoDPL")), method_row("fedcopl", None, ("FedCoPL", "CoPL"))),
+        (FEDUR_ROW, FEDCOPL_ROW),
         (Column("tiny", "synthetic", "configs/tiny.yaml, 2 rounds", "tiny.yaml", "synthetic", "tiny"),),
         ("Method", "PL"), flags=("--federation.rounds", "2"), uses_data_root=False,
     ),

@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedur.config import DIGEST, FILE_SETTINGS, file_digest
+from fedur.config import DIGEST, FILE_SETTINGS, file_digest, plugin_described
 from fedur.train import checkpoint
 
 LAYOUT: dict[str, str] = {
@@ -169,25 +169,26 @@ def resolve(
 
 ABSENT = "<absent>"
 
-# Settings added after runs were made: a checkpoint written before one existed ran with this value (the behaviour
-# the setting now names), so it resumes, and stays in its table, when the value now is the same.
+# fedur's own settings added after runs were made: a checkpoint written before one existed ran with this value (the
+# behaviour the setting now names), so it resumes, and stays in its table, when the value now is the same. A plugin's
+# (method.*, labeller.*, dataset.*) are its class's to say: its `added_settings` (`added_settings` below).
 ADDED_SETTINGS = {
-    "labeller.quota_arithmetic": "exact",
-    "method.weighting": "selected",
-    "method.cache_shots": None,  # pFedPrompt's cache held every selected sample,
-    "method.cache_self_vote": True,  # each voting for itself,
-    "method.cache_alpha_scale": "none",  # alpha as given
     "optim.schedule": "cosine",
     "federation.partition_file": None,
 }
 
 
+def added_settings(now: dict) -> dict:
+    """ADDED_SETTINGS and the `added_settings` of the plugin classes the flat settings `now` name."""
+    return {**ADDED_SETTINGS, **plugin_described(now, "added_settings")}
+
+
 def changed_settings(saved: dict, now: dict) -> dict[str, tuple]:
     """{key: (saved value, value now)} of every flat setting that differs (ABSENT where one side lacks it; a
-    checkpoint older than a setting counts as ADDED_SETTINGS's value). Values are compared as JSON stores them
+    checkpoint older than a setting counts as its `added_settings` value). Values are compared as JSON stores them
     (a tuple now equals the list a marker holds)."""
     now = json.loads(json.dumps(now))
-    saved = {**{key: value for key, value in ADDED_SETTINGS.items() if key in now}, **saved}
+    saved = {**{key: value for key, value in added_settings(now).items() if key in now}, **saved}
     for key in FILE_SETTINGS:  # a checkpoint from before file settings were digests holds the path: read it now
         if isinstance(saved.get(key), str) and not saved[key].startswith(DIGEST):
             saved[key] = file_digest(saved[key])

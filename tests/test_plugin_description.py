@@ -1,0 +1,234 @@
+"""Plugins describe themselves (a table name, a preset, settings added after runs were made, settings that do not
+change results, old keys), and fedur's tables, settings record, resumes and errors read what they say; a plugin's
+constructor that refuses a value stops fedur in one line; --<plugin>.help shows a class's whole first paragraph."""
+
+import json
+import shutil
+import subprocess
+import sys
+from argparse import ArgumentError
+from dataclasses import replace
+
+import pytest
+
+from fedur.config import result_settings
+from fedur.main import MESSAGES, legacy_keys, main, parse_config
+from fedur.train.run_dir import changed_settings
+
+from .conftest import REPO
+
+TINY = ["--config", "configs/tiny.yaml"]
+CAREFUL = "tests.plugins.described.Careful"
+CAPPED = "tests.plugins.described.Capped"
+
+
+@pytest.fixture
+def run_main(capsys, monkeypatch):
+    """The entry point in-process, as tests/test_cli.py runs it: `fedur/main.py ARGS` -> (exit code, out, err)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def call(*args):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exit:
+            code = exit.code or 0
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return call
+
+
+def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
+    from fedur.data.datasets import dataset_classes
+    from fedur.labels import CPL, FPL, CoDPL, CoPL, Labeller
+    from fedur.methods import PFedPrompt
+    from fedur.tables import grids
+
+    assert [c.label for c in (FPL, CPL, CoPL, CoDPL)] == ["FPL", "CPL", "CoPL", "CoDPL"]
+    assert CoPL.added_settings == CoDPL.added_settings == {"quota_arithmetic": "exact"} and FPL.added_settings == {}
+    assert Labeller.result_neutral == () and "labels." in Labeller.old_keys
+    classes = dataset_classes()
+    assert classes["cifar10"].result_neutral == ("root", "download") and "data.name" in classes["cub"].old_keys
+    # the lookups the tables kept by hand, now read from the classes: the same values
+    assert grids.METHOD_CLASSES == {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL", "promptprox": "PromptProx",
+                                    "pfedprompt": "PFedPrompt", "fedotp": "FedOTP", "zeroshot": "ZeroShot", "gdau": "GDAU"}
+    assert grids.LABELLER_CLASSES == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
+    assert grids.BASELINE_LABELS == {"promptfl": "PromptFL", "promptprox": "PromptProx", "pfedprompt": "pFedPrompt",
+                                     "fedotp": "FedOTP"}
+    assert grids.LABELLER_LABELS == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
+    assert grids.PRESETS == ("promptfl", "promptprox", "pfedprompt", "fedotp")
+    assert grids.DATASET_LABELS == {"dtd": "DTD", "resisc45": "RESISC45", "cub": "CUB", "ucf101": "UCF101",
+                                    "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
+    assert [r.labels for r in grids.PAPER_ROWS[:3]] == [("CLIP (zero-shot)", "-"), ("GDA-U", "EM"), ("PromptFL", "FPL")]
+    assert grids.METHODS["pfedprompt"] is PFedPrompt
+    assert legacy_keys().items() >= {  # what main.py listed by hand
+        "method.name": "--method CLASS (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU)",
+        "method.labeller": "--labeller CLASS (FPL, CPL, CoPL, CoDPL)",
+        "labels.": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
+        "data.name": "--dataset CLASS (CIFAR10, CUB, ImageFolder, Synthetic, ...)",
+        "data.root": "--dataset.root",
+        "method.prox_mu": "--method PromptProx --method.mu",
+        "method.ot_": "--method FedOTP --method.eps / top_percent / max_iter / thresh",
+        "run.fault": "the FEDUR_FAULT environment variable (fedur/train/faults.py)",
+    }.items()
+
+
+# What config.py's RESULT_NEUTRAL and run_dir.py's ADDED_SETTINGS listed by hand before the classes said it.
+OLD_RESULT_NEUTRAL = {
+    "model.cache_dir", "dataset.root", "dataset.download", "data.num_workers", "data.cache", "data.cache_dir",
+    "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
+    "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
+    "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "fabric.accelerator",
+    "fabric.devices", "fabric.num_nodes", "fabric.strategy",
+}
+OLD_ADDED_SETTINGS = {"labeller.quota_arithmetic": "exact", "method.weighting": "selected", "method.cache_shots": None,
+                      "method.cache_self_vote": True, "method.cache_alpha_scale": "none", "optim.schedule": "cosine",
+                      "federation.partition_file": None}
+
+
+@pytest.mark.parametrize("plugins", [
+    ["--method", "PFedPrompt", "--labeller", "CoDPL"],
+    ["--method", "FedOTP", "--labeller", "CPL", "--dataset", "CIFAR10", "--dataset.root", "/nowhere"],
+    ["--method", "ZeroShot"],
+])
+def test_fedur_plugins_record_and_compare_the_same_settings_as_before(plugins):
+    from fedur.config import flat_settings
+
+    cfg, _ = parse_config([*TINY, *plugins])
+    flat = flat_settings(cfg.settings)
+    settings = result_settings(cfg.settings)
+    assert settings == {k: v for k, v in flat.items() if k not in OLD_RESULT_NEUTRAL}  # the checkpoints' record
+    old_run = {k: v for k, v in settings.items() if k not in OLD_ADDED_SETTINGS}  # a checkpoint from before them
+    for now in (settings, {**settings, **{k: "other" for k in OLD_ADDED_SETTINGS if k in settings}}):
+        as_before = {**{k: v for k, v in OLD_ADDED_SETTINGS.items() if k in now}, **old_run}  # run_dir.py's rule then
+        assert changed_settings(old_run, now) == changed_settings(as_before, now)
+
+
+def test_a_plugin_says_which_settings_change_results_and_what_old_runs_ran_with():
+    """A user's labeller (tests/plugins/described.py): `report` is result-neutral, `margin` was added with 0.0."""
+    cfg, _ = parse_config([*TINY, "--labeller", CAREFUL, "--labeller.margin", "0.0"])
+    settings = result_settings(cfg.settings)
+    assert settings["labeller"] == CAREFUL and settings["labeller.margin"] == 0.0
+    assert "labeller.report" not in settings  # not recorded, so a resume may change it
+    louder, _ = parse_config([*TINY, "--labeller", CAREFUL, "--labeller.report", "true"])
+    assert result_settings(louder.settings) == settings
+    before_margin = {k: v for k, v in settings.items() if k != "labeller.margin"}  # a run from before `margin`
+    assert changed_settings(before_margin, settings) == {}
+    assert changed_settings(before_margin, {**settings, "labeller.margin": 0.1}) == {"labeller.margin": (0.0, 0.1)}
+
+
+def test_a_plugin_method_shows_its_label_and_runs_its_preset_in_a_grid(tmp_path):
+    from fedur.tables.grids import GRIDS, expand, method_row, with_protocol
+    from fedur.tables.render import collect, markdown
+    from fedur.tables.runner import Inputs, command
+    from tests.plugins.described import Capped, Careful
+
+    row = method_row(Capped, Careful)
+    assert (row.key, row.labels, row.preset) == ("capped+careful", ("PromptFL (capped)", "Careful FPL"), "promptfl")
+    assert row.flags == ("--method", CAPPED, "--labeller", CAREFUL)
+    grid = with_protocol(replace(GRIDS["demo-table1"], rows=(method_row("fedur", None), method_row(Capped, "fpl"))), "own")
+    specs = expand(grid, [1], tmp_path)
+    cmd = command(specs[1], Inputs())
+    assert cmd[cmd.index("--method") + 1] == CAPPED and str(REPO / "configs" / "presets" / "demo" / "promptfl.yaml") in cmd
+    specs[1].run_dir.mkdir(parents=True)
+    (specs[1].run_dir / "summary.json").write_text(json.dumps({"final_mean_accuracy": 50.0, "final_client_accuracy": [50.0]}))
+    table = markdown(grid, collect(grid, specs), specs, [1])
+    assert "| PromptFL (capped) | FPL | 50.00" in table and "| FedUR | - | — (0/1) |" in table
+
+
+@pytest.mark.parametrize("args, setting", [
+    (["--labeller", CAREFUL, "--labeller.margin", "-1"],
+     f"--labeller {CAREFUL}: margin is a lead of one probability over another, so at least 0; got -1.0"),
+    (["--method", CAPPED, "--method.max_rounds", "0"], f"--method {CAPPED}: max_rounds must be at least 1, got 0"),
+])
+def test_a_plugin_constructor_that_refuses_a_value_is_one_line(args, setting, run_main, tmp_path):
+    code, out, err = run_main(*TINY, *args, "--run.output_dir", str(tmp_path / "run"))
+    assert (code, err) == (2, f"fedur: error: {setting}\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_plugin_help_shows_the_whole_first_paragraph_of_its_docstring(run_main):
+    code, out, _ = run_main("--labeller.help", CAREFUL)
+    assert code == 0 and "--labeller.margin" in out
+    assert ("FPL that keeps a pseudo-label only where the top-1 probability leads the runner-up by at least `margin`, "
+            "so that near-ties between two classes train nothing:") in out
+    assert "second paragraph" not in out
+    code, out, _ = run_main("--method.help", "FedUR")  # a one-line docstring as before
+    assert "\nFedUR: deep visual prompts averaged by the server, personal text prompts, CoDPL pseudo-labels:\n" in out
+
+
+# Each jsonargparse message form fedur reads (main.MESSAGES), raised by the real parser: (settings, YAML file
+# content or None, the form, what fedur reads of it, what fedur's error then says).
+JSONARGPARSE_CASES = [
+    ([], "data:\n  name: cub\n", "group option", ("data", "name"), "`data.name` is gone: use --dataset CLASS"),
+    (["--method", "PromptProx", "--method.prox_mu", "0.1"], None, "plugin option", ("method", "prox_mu"),
+     "`method.prox_mu` is gone: use --method PromptProx --method.mu"),
+    (["--method", "PromptFL", "--method.share", "visual"], None, "plugin option", ("method", "share"),
+     "--method.share is not a setting of this method"),
+    ([], "labels:\n  tau_neg: 0.3\n", "option", ("labels.tau_neg",), "`labels.tau_neg` is gone: use --labeller CLASS"),
+    (["--data.root", "/data"], None, "unrecognized", ("data.root",), "`data.root` is gone: use --dataset.root"),
+    (["--method", "fedur"], None, "plugin name", ("method", "fedur"),
+     "--method fedur: no such method (did you mean --method FedUR? names are class names)"),
+    (["--labeller.tau_neg", "0.3"], None, "plugin abstract", ("labeller",),
+     "(name the labeller before its settings: --labeller CLASS --labeller.<arg> ...)"),
+]
+
+
+@pytest.mark.parametrize("args, yaml_text, form, read, said", JSONARGPARSE_CASES,
+                         ids=[f"{c[2]}: {' '.join(c[0]) or c[1].split(':')[0]}" for c in JSONARGPARSE_CASES])
+def test_the_jsonargparse_messages_fedur_reads(args, yaml_text, form, read, said, tmp_path):
+    """jsonargparse names a refused key only in its message's text: an upgrade that words one of these otherwise
+    fails here, not silently in the hints."""
+    if yaml_text is not None:
+        (tmp_path / "old.yaml").write_text(yaml_text)
+        args = [*args, "--config", str(tmp_path / "old.yaml")]
+    with pytest.raises(ArgumentError) as error:
+        parse_config([*TINY, *args])
+    raw = str(error.value.__cause__)  # jsonargparse's own message
+    found = MESSAGES[form].search(raw)
+    assert found is not None, raw
+    assert found.groups() == read
+    assert said in str(error.value)
+    assert set(MESSAGES) == {case[2] for case in JSONARGPARSE_CASES}  # every form fedur reads has its case
+
+
+@pytest.mark.slow
+def test_the_refusal_and_the_help_through_the_real_entry_point():
+    """`python fedur/main.py` as a user runs it, with the plugin on the path as an installed one would be."""
+    env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    refused = subprocess.run([sys.executable, "fedur/main.py", *TINY, "--labeller", CAREFUL, "--labeller.margin", "-1"],
+                             cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr == (f"fedur: error: --labeller {CAREFUL}: margin is a lead of one probability over another, "
+                              "so at least 0; got -1.0\n")
+    shown = subprocess.run([sys.executable, "fedur/main.py", "--labeller.help", CAREFUL], cwd=REPO, capture_output=True,
+                           text=True, timeout=300, env=env)
+    assert shown.returncode == 0 and "runner-up by at least `margin`, so that near-ties between two classes" in shown.stdout
+
+
+@pytest.mark.slow
+def test_a_plugin_resumes_across_its_result_neutral_and_added_settings(tmp_path):
+    """A checkpoint made before Careful had `margin` (its marker lacks it) resumes with margin 0.0 and a changed
+    `report`; margin 0.1 is a change of results, refused."""
+    from fedur.main import run
+    from fedur.train import checkpoint
+    from fedur.train.run_dir import RunDirError
+
+    def session(run_dir, *flags):
+        cfg, config_yaml = parse_config([*TINY, "--run.output_dir", str(run_dir), "--labeller", CAREFUL,
+                                         "--run.progress", "false", *flags])
+        return run(cfg, config_yaml)
+
+    first = tmp_path / "first"
+    session(first, "--federation.rounds", "1")
+    marker = checkpoint.latest(first).folder / checkpoint.MARKER
+    content = json.loads(marker.read_text())
+    del content["settings"]["labeller.margin"]  # as a run from before `margin` recorded it
+    marker.write_text(json.dumps(content, indent=1) + "\n")
+    shutil.copytree(first, tmp_path / "second")
+
+    session(first, "--federation.rounds", "2", "--run.resume", "true", "--labeller.report", "true")
+    assert checkpoint.latest(first).round_idx == 1
+    with pytest.raises(RunDirError, match=r"labeller.margin: 0.0 \(checkpoint\) -> 0.1 \(now\)"):
+        session(tmp_path / "second", "--federation.rounds", "2", "--run.resume", "true", "--labeller.margin", "0.1")
