@@ -37,6 +37,10 @@ VARIANTS = {
     "pfedprompt": ["--method", "PFedPrompt"],
     "fedotp": ["--method", "FedOTP"],
     "gdau": ["--method", "GDAU"],  # training-free: EM of a Gaussian discriminant from zero-shot, ensembled with it
+    "scaffold": ["--method", "SCAFFOLD"],  # FedUR with SCAFFOLD's control variates on the shared visual prompt
+    # the same with plain SGD at one learning rate, where SCAFFOLD's option II is exact
+    "scaffold-sgd": ["--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
+    "fedur-sgd": ["--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
 }
 
 

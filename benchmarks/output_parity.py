@@ -12,7 +12,8 @@ Rounds are compared by rounds completed, so a run from before rounds were counte
 A case is a run of configs/tiny.yaml (random-init tiny CLIP, 4 rounds, two refreshes) or of the demo
 (configs/smoke.yaml). `compare` checks, per case: every metrics.jsonl row but the timings, summary.json
 (but wall time, settings and placement; a key the older run lacks is an addition, not a difference),
-zero_shot.json, partition.json, confusion.json, and every tensor of every .pt file (final prompts and the
+zero_shot.json, partition.json, confusion.json (a metrics.jsonl key only the newer run writes is an addition),
+and every tensor of every .pt file (final prompts and the
 kept checkpoints: prompts, momenta, pseudo-labels, masks, caches, server state) with torch.equal; a tensor
 only the newer run's file holds is an addition too (the final client files now carry the method's own state).
 `--legacy` translates the cases to the command line of fedur before methods, labellers and datasets were
@@ -141,7 +142,8 @@ def differences(a: Path, b: Path) -> list[str]:
         found.append(f"rounds: {len(rows[0])} vs {len(rows[1])}")
     for x, y in zip(*rows):
         x, y = ({**row, "round": row["round"] + 1 - first} for row, first in zip((x, y), firsts))  # rounds completed
-        keys = sorted(k for k in set(x) | set(y) if k not in TIMING and x.get(k) != y.get(k))
+        # a key only the newer run's line has is an addition (upload_bytes, method), like a summary key
+        keys = sorted(k for k in x if k not in TIMING and x.get(k) != y.get(k))
         if keys:
             found.append(f"metrics round {x['round']}: {keys}")
     summaries = [json.loads((d / "summary.json").read_text()) for d in (a, b)]
