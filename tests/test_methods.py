@@ -29,6 +29,8 @@ CASES = {
     "gdau-join": ["--method", "GDAU", "--federation.join_rate", "0.5"],
     # control variates in every client's extra and the server's state; their deltas sent as messages
     "scaffold-join": ["--method", "SCAFFOLD", "--federation.join_rate", "0.75"],
+    # a global text prompt averaged, a local one kept, their class features mixed
+    "promptfolio-cpl": ["--method", "PromptFolio", "--labeller", "CPL"],
     # a piece of a plugin's own (an adapter on the image features), personal
     "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],
 }
@@ -102,11 +104,12 @@ def test_pfedprompt_keeps_a_bounded_cache_of_its_most_confident_pseudo_labels(ru
     assert torch.bincount(labels).max() <= 4
 
 
-def test_fedotp_shares_its_global_prompt_and_keeps_the_local_one(runs):
-    clients = client_prompts(runs / "fedotp-codpl-2")
+@pytest.mark.parametrize("name", ["fedotp-codpl", "promptfolio-cpl"])
+def test_a_global_prompt_is_shared_and_the_local_one_kept(runs, name):
+    clients = client_prompts(runs / f"{name}-2")
     assert all(torch.equal(c["text_ctx"], clients[0]["text_ctx"]) for c in clients)
     assert not torch.equal(clients[0]["text_local"], clients[1]["text_local"])
-    global_prompts = torch.load(runs / "fedotp-codpl-2" / "prompts" / "global.pt", weights_only=True)
+    global_prompts = torch.load(runs / f"{name}-2" / "prompts" / "global.pt", weights_only=True)
     assert set(global_prompts) == {"text_ctx"}
 
 

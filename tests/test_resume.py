@@ -256,6 +256,7 @@ METHOD_CASES = {
     "gdau-join": ["--method", "GDAU", "--federation.join_rate", "0.5"],  # no labeller; server state: W, b
     "scaffold": ["--method", "SCAFFOLD", "--federation.join_rate", "0.75"],  # c on the server, c_k with each client
     "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],  # a plugin's own piece and its momentum
+    "promptfolio": ["--method", "PromptFolio"],  # a local text prompt with each client
 }
 
 

@@ -11,11 +11,12 @@ from fedur.methods.gdau import GDAU
 from fedur.methods.pfedprompt import PFedPrompt
 from fedur.methods.pieces import Piece, local_text_context, text_context, visual_prompt
 from fedur.methods.promptfl import PromptFL, PromptProx
+from fedur.methods.promptfolio import PromptFolio
 from fedur.methods.scaffold import SCAFFOLD
 from fedur.methods.zeroshot import ZeroShot
 
 __all__ = [
-    "GDAU", "Aggregated", "ClientData", "ClientSide", "FedCoPL", "FedOTP", "FedUR", "LocalRound", "LocalStep", "Method",
-    "SCAFFOLD", "PFedPrompt", "Piece", "PromptFL", "PromptProx", "ServerRound", "ServerSide", "ZeroShot", "local_text_context",
-    "text_context", "visual_prompt",
+    "Aggregated", "ClientData", "ClientSide", "FedCoPL", "FedOTP", "FedUR", "GDAU", "LocalRound", "LocalStep",
+    "Method", "PFedPrompt", "Piece", "PromptFL", "PromptFolio", "PromptProx", "SCAFFOLD", "ServerRound",
+    "ServerSide", "ZeroShot", "local_text_context", "text_context", "visual_prompt",
 ]
