@@ -37,7 +37,8 @@ VARIANTS = {
     "pfedprompt": ["--method", "PFedPrompt"],
     "fedotp": ["--method", "FedOTP"],
     "gdau": ["--method", "GDAU"],  # training-free: EM of a Gaussian discriminant from zero-shot, ensembled with it
-    "promptfolio": ["--method", "PromptFolio"],  # a global and a local text prompt, their class features mixed
+    "promptfolio": ["--method", "PromptFolio"],
+    "fedpgp": ["--method", "FedPGP"],  # a global text prompt plus a personal low-rank term, a contrastive loss  # a global and a local text prompt, their class features mixed
     "scaffold": ["--method", "SCAFFOLD"],  # FedUR with SCAFFOLD's control variates on the shared visual prompt
     # the same with plain SGD at one learning rate, where SCAFFOLD's option II is exact
     "scaffold-sgd": ["--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],

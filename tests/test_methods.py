@@ -31,6 +31,8 @@ CASES = {
     "scaffold-join": ["--method", "SCAFFOLD", "--federation.join_rate", "0.75"],
     # a global text prompt averaged, a local one kept, their class features mixed
     "promptfolio-cpl": ["--method", "PromptFolio", "--labeller", "CPL"],
+    # a global text prompt averaged, a personal low-rank term kept, a contrastive loss
+    "fedpgp-codpl": ["--method", "FedPGP", "--labeller", "CoDPL", "--method.rank", "2"],
     # a piece of a plugin's own (an adapter on the image features), personal
     "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],
 }

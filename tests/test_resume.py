@@ -257,6 +257,7 @@ METHOD_CASES = {
     "scaffold": ["--method", "SCAFFOLD", "--federation.join_rate", "0.75"],  # c on the server, c_k with each client
     "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],  # a plugin's own piece and its momentum
     "promptfolio": ["--method", "PromptFolio"],  # a local text prompt with each client
+    "fedpgp": ["--method", "FedPGP", "--method.rank", "2"],  # a personal low-rank term with each client
 }
 
 

@@ -143,8 +143,10 @@ class ClientSide:
         rows = [None] * len(images) if rows is None else rows
         return [self.logits(model, x, p, t, c, r) for x, p, t, c, r in zip(images, pieces, texts, clients, rows)]
 
-    def penalty(self, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState) -> Tensor | None:
-        """An extra local loss term of the `pieces` being trained; `start`: those the client began the round with."""
+    def penalty(self, model: PromptedCLIP, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState,
+                text: Any) -> Tensor | None:
+        """An extra term of the client's local loss, this step: of the `pieces` being trained (`start`: those it began
+        the round with; `text`: what `text_side` gave for `pieces` this step); None: none."""
         return None
 
     def before_step(self, step: LocalStep) -> None:

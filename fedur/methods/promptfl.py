@@ -55,6 +55,7 @@ class PromptProx(PromptFL):
         super().__init__(**kwargs)
         self.mu = float(mu)
 
-    def penalty(self, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState) -> Tensor | None:
+    def penalty(self, model: PromptedCLIP, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState,
+                text: Any) -> Tensor | None:
         names = shared_names(self)
         return proximal_term([pieces[n] for n in names], [start[n] for n in names], self.mu)

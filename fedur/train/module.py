@@ -61,9 +61,9 @@ class PromptTuner(L.LightningModule):
         texts = self.method.group_text_side(self.model, pieces)
         logits = self.method.group_logits(self.model, [b[0] for b in batches], pieces, texts, clients, [b[3] for b in batches])
         outs = []
-        for part, (_, labels, mask, _), p, client in zip(logits, batches, pieces, clients):
+        for part, (_, labels, mask, _), p, text, client in zip(logits, batches, pieces, texts, clients):
             loss, loss_pos, loss_neg = self.labeller.loss(part, labels, mask, self.class_weights)
-            penalty = self.method.penalty(p, client.pieces, client)  # client.pieces: those it began the round with
+            penalty = self.method.penalty(self.model, p, client.pieces, client, text)  # client.pieces: the round's start
             outs.append({"loss": loss if penalty is None else loss + penalty, "loss_pos": loss_pos, "loss_neg": loss_neg})
         return outs
 
