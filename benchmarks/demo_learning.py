@@ -38,7 +38,8 @@ VARIANTS = {
     "fedotp": ["--method", "FedOTP"],
     "gdau": ["--method", "GDAU"],  # training-free: EM of a Gaussian discriminant from zero-shot, ensembled with it
     "promptfolio": ["--method", "PromptFolio"],
-    "fedpgp": ["--method", "FedPGP"],  # a global text prompt plus a personal low-rank term, a contrastive loss  # a global and a local text prompt, their class features mixed
+    "fedpgp": ["--method", "FedPGP"],
+    "fedtpg": ["--method", "FedTPG"],  # one prompt generator shared by every client, conditioned on the class names  # a global text prompt plus a personal low-rank term, a contrastive loss  # a global and a local text prompt, their class features mixed
     "scaffold": ["--method", "SCAFFOLD"],  # FedUR with SCAFFOLD's control variates on the shared visual prompt
     # the same with plain SGD at one learning rate, where SCAFFOLD's option II is exact
     "scaffold-sgd": ["--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],

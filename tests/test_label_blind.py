@@ -23,7 +23,7 @@ from .conftest import read_rounds
 from .own_data import ScrambledSynthetic
 from .test_resume import tensors_of
 
-pytestmark = pytest.mark.slow  # 24 whole (tiny) runs
+pytestmark = pytest.mark.slow  # 26 whole (tiny) runs
 
 MONITORING = {"pseudo_label_accuracy", "round_seconds", "phase_seconds"}  # what may differ, and timing
 # Every method once, every labeller at least once; two refreshes (the second from trained prompts).
@@ -40,6 +40,7 @@ CASES = {
     "promptfolio-copl": ["--method", "PromptFolio", "--labeller", "CoPL"],
     "scaffold-codpl": ["--method", "SCAFFOLD"],
     "fedpgp-cpl": ["--method", "FedPGP", "--labeller", "CPL"],
+    "fedtpg-fpl": ["--method", "FedTPG"],
 }
 COMMON = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.refresh_every", "1",
           "--run.progress", "false"]

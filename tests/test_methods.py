@@ -33,6 +33,8 @@ CASES = {
     "promptfolio-cpl": ["--method", "PromptFolio", "--labeller", "CPL"],
     # a global text prompt averaged, a personal low-rank term kept, a contrastive loss
     "fedpgp-codpl": ["--method", "FedPGP", "--labeller", "CoDPL", "--method.rank", "2"],
+    # one prompt generator shared by every client, conditioned on the class names
+    "fedtpg-copl": ["--method", "FedTPG", "--labeller", "CoPL"],
     # a piece of a plugin's own (an adapter on the image features), personal
     "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],
 }

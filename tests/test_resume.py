@@ -258,6 +258,7 @@ METHOD_CASES = {
     "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],  # a plugin's own piece and its momentum
     "promptfolio": ["--method", "PromptFolio"],  # a local text prompt with each client
     "fedpgp": ["--method", "FedPGP", "--method.rank", "2"],  # a personal low-rank term with each client
+    "fedtpg": ["--method", "FedTPG"],  # a shared generator's weights, each with its momentum
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fedur.methods.base import Aggregated, ClientData, ClientSide, LocalRound, LocalStep, Method, ServerRound, ServerSide
 from fedur.methods.fedotp import FedOTP
 from fedur.methods.fedpgp import FedPGP
+from fedur.methods.fedtpg import FedTPG
 from fedur.methods.fedur import FedCoPL, FedUR
 from fedur.methods.gdau import GDAU
 from fedur.methods.pfedprompt import PFedPrompt
@@ -17,7 +18,7 @@ from fedur.methods.scaffold import SCAFFOLD
 from fedur.methods.zeroshot import ZeroShot
 
 __all__ = [
-    "Aggregated", "ClientData", "ClientSide", "FedCoPL", "FedOTP", "FedPGP", "FedUR", "GDAU", "LocalRound",
-    "LocalStep", "Method", "PFedPrompt", "Piece", "PromptFL", "PromptFolio", "PromptProx", "SCAFFOLD",
-    "ServerRound", "ServerSide", "ZeroShot", "local_text_context", "text_context", "visual_prompt",
+    "Aggregated", "ClientData", "ClientSide", "FedCoPL", "FedOTP", "FedPGP", "FedTPG", "FedUR", "GDAU",
+    "LocalRound", "LocalStep", "Method", "PFedPrompt", "Piece", "PromptFL", "PromptFolio", "PromptProx",
+    "SCAFFOLD", "ServerRound", "ServerSide", "ZeroShot", "local_text_context", "text_context", "visual_prompt",
 ]

@@ -46,6 +46,8 @@ class PromptedCLIP(nn.Module):
         # text_features() without a context uses.
         initial = init_prompt(self.text_context_shape, init_std, seed=seed * 1000 + 1)
         self.text_prompt = TextPrompt(self.clip.token_embedding, clip.tokenizer, classnames, n_ctx, initial)
+        self.name_tokens = clip.tokenizer([name.replace("_", " ") for name in classnames])  # (C, L) the bare names, CPU
+        self._name_features: dict[torch.device, Tensor] = {}
         self.text_prompt.ctx.requires_grad_(False)
         self._visual = (visual_tokens, visual_depth)
         self.feature_dim = feature_dim(self.clip)  # D of image and class features
@@ -98,6 +100,16 @@ class PromptedCLIP(nn.Module):
         else:
             features = encode_text_embeddings(self.clip, embeddings, tokens)
         return F.normalize(features, dim=-1)
+
+    @torch.no_grad()
+    def name_features(self, device: torch.device) -> Tensor:
+        """(C, D) unit-norm frozen CLIP features of the bare class names (no template, no context), float32 on
+        `device`: what a prompt generator conditions on (FedTPG). Encoded once per device."""
+        if device not in self._name_features:
+            with full_precision(device):
+                features = self.clip.encode_text(self.name_tokens.to(device))
+            self._name_features[device] = F.normalize(features.float(), dim=-1)
+        return self._name_features[device]
 
     def image_features(self, images: Tensor, prompted: bool = True, visual: Tensor | None = None) -> Tensor:
         """Unit-norm features of an image batch with the visual prompts `visual`, (depth, n_tok, width) or one per

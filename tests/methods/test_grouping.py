@@ -8,7 +8,7 @@ import torch
 
 from fedur.federated.client import ClientState
 from fedur.labels import CoDPL
-from fedur.methods import FedOTP, FedPGP, FedUR, Method, PFedPrompt, PromptFL, PromptFolio
+from fedur.methods import FedOTP, FedPGP, FedTPG, FedUR, Method, PFedPrompt, PromptFL, PromptFolio
 from fedur.methods.base import ClientSide
 from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
@@ -25,7 +25,10 @@ def clients_and_prompts(model: PromptedCLIP, method: Method, count: int) -> tupl
     return clients, prompts
 
 
-@pytest.mark.parametrize("method", [FedUR(), PromptFL(), PFedPrompt(), FedOTP(), PromptFolio(), FedPGP()], ids=lambda m: type(m).__name__)
+METHODS = [FedUR(), PromptFL(), PFedPrompt(), FedOTP(), PromptFolio(), FedPGP(), FedTPG()]
+
+
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: type(m).__name__)
 def test_the_grouped_forward_equals_each_clients_own(tiny_clip, method):
     model = PromptedCLIP(tiny_clip, ["cat", "dog", "a red bird"], 2, 2, None, 0.02, seed=1)
     model.zero_shot_text = model.text_features()
