@@ -29,7 +29,7 @@ METHODS = {
     "pfedprompt": (["--config", "configs/presets/demo/pfedprompt.yaml"], 6.0),  # +12.00
     "fedotp": (["--config", "configs/presets/demo/fedotp.yaml"], 0.9),  # +1.79
     "gdau": (["--method", "GDAU"], 15.0),  # +30.75
-    # SCAFFOLD where its option II is exact: plain SGD at one rate (benchmarks/results/scaffold_demo.md)
+    # SCAFFOLD where its option II is exact: plain SGD at one rate (benchmarks/results/method_api_demo.md)
     "scaffold": (["--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
                  3.0),  # +6.44
     "promptfolio": (["--method", "PromptFolio"], 0.5),  # +1.16
