@@ -71,7 +71,9 @@ def assert_same_results(a: Path, b: Path, num_clients: int) -> None:
     summaries = [json.loads((run / "summary.json").read_text()) for run in (a, b)]
     for key in ("final_client_accuracy", "best_mean_accuracy", "zero_shot_client_accuracy", "zero_shot_global"):
         assert summaries[0][key] == summaries[1][key], key
-    for name in ["global.pt"] + [f"client_{k:03d}.pt" for k in range(num_clients)]:
+    assert (a / "prompts" / "global.pt").exists() == (b / "prompts" / "global.pt").exists()  # none without shared pieces
+    shared = ["global.pt"] if (a / "prompts" / "global.pt").exists() else []
+    for name in shared + [f"client_{k:03d}.pt" for k in range(num_clients)]:
         x = torch.load(a / "prompts" / name, weights_only=True)
         y = torch.load(b / "prompts" / name, weights_only=True)
         assert x.keys() == y.keys() and all(torch.equal(torch.as_tensor(x[k]), torch.as_tensor(y[k])) for k in x), name

@@ -347,9 +347,15 @@ def test_the_lock_ends_with_its_owner_not_with_the_processes_it_forked(tmp_path)
     script = (
         "import multiprocessing as mp, sys, time\n"
         "from fedur.train.ownership import claim\n"
+        "def work(ready):\n"
+        "    ready.set()\n"
+        "    time.sleep(60)\n"
         f"held = claim({str(run_dir)!r}, create=True)\n"
-        "child = mp.get_context('fork').Process(target=time.sleep, args=(60,), daemon=False)\n"
+        "context = mp.get_context('fork')\n"
+        "ready = context.Event()\n"
+        "child = context.Process(target=work, args=(ready,), daemon=False)\n"
         "child.start()\n"
+        "ready.wait(60)  # the child runs, as a loader worker at work: the fork handler has run in it\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n"
     )
