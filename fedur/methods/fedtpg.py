@@ -45,23 +45,24 @@ class PromptGenerator(nn.Module):
     biases, as that module initialises them when the key width differs), written out so that its weights have the
     same names at every width."""
 
-    def __init__(self, n_ctx: int, width: int, text_dim: int, heads: int) -> None:
+    def __init__(self, n_ctx: int, width: int, text_dim: int, heads: int, device: str | torch.device = "meta") -> None:
         super().__init__()
         if width % heads:
             raise ValueError(f"FedTPG: the text width {width} does not divide into {heads} heads (--method.heads)")
         self.heads = heads
-        self.soft_prompt = nn.Parameter(torch.randn(n_ctx, width) * 0.02)
-        self.norm = nn.LayerNorm(width)
-        self.norm_context = nn.LayerNorm(text_dim)
-        self.query, self.key, self.value = nn.Linear(width, width), nn.Linear(text_dim, width), nn.Linear(text_dim, width)
-        self.out = nn.Linear(width, width)
+        on = {"device": device}
+        self.soft_prompt = nn.Parameter(torch.randn(n_ctx, width, **on) * 0.02)
+        self.norm = nn.LayerNorm(width, **on)
+        self.norm_context = nn.LayerNorm(text_dim, **on)
+        self.query, self.key = nn.Linear(width, width, **on), nn.Linear(text_dim, width, **on)
+        self.value, self.out = nn.Linear(text_dim, width, **on), nn.Linear(width, width, **on)
         for projection in (self.query, self.key, self.value):
             nn.init.xavier_uniform_(projection.weight)
         for projection in (self.query, self.key, self.value, self.out):
             nn.init.zeros_(projection.bias)
-        self.ff_norm = nn.LayerNorm(width)
-        self.ff_in = nn.Linear(width, width * 8)
-        self.ff_out = nn.Linear(width * 4, width)
+        self.ff_norm = nn.LayerNorm(width, **on)
+        self.ff_in = nn.Linear(width, width * 8, **on)
+        self.ff_out = nn.Linear(width * 4, width, **on)
 
     def forward(self, names: Tensor) -> Tensor:
         queries, context = self.norm(self.soft_prompt), self.norm_context(names)  # (n_ctx, width), (C, text_dim)
@@ -105,8 +106,7 @@ class FedTPG(Method):
 
 def generator_for(n_ctx: int, width: int, text_dim: int, heads: int, device: str | torch.device = "meta") -> PromptGenerator:
     """A generator of these shapes (on the meta device: its structure, to run with a client's weights)."""
-    with torch.device(device):
-        return PromptGenerator(n_ctx, width, text_dim, heads)
+    return PromptGenerator(n_ctx, width, text_dim, heads, device)
 
 
 def shapes(model: PromptedCLIP) -> tuple[int, int, int]:
