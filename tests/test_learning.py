@@ -25,7 +25,7 @@ METHODS = {
     "fedur": ([], 5.0),  # +10.17
     "fedcopl": (["--method", "FedCoPL"], 4.0),  # +8.24
     "promptfl": (["--config", "configs/presets/demo/promptfl.yaml"], 0.5),  # +1.06
-    "promptprox": (["--config", "configs/presets/demo/promptprox.yaml"], 0.5),  # +1.06
+    "promptprox": (["--config", "configs/presets/demo/promptprox.yaml"], 0.5),  # +0.86
     "pfedprompt": (["--config", "configs/presets/demo/pfedprompt.yaml"], 6.0),  # +12.00
     "fedotp": (["--config", "configs/presets/demo/fedotp.yaml"], 0.9),  # +1.79
     "gdau": (["--method", "GDAU"], 15.0),  # +30.75
