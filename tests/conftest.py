@@ -7,6 +7,7 @@ import subprocess
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -98,3 +99,28 @@ def scalar_curve(log_dir: Path, tag: str, digits: int | None = None) -> list[tup
 
     events = EventAccumulator(str(log_dir)).Reload().Scalars(tag)
     return [(e.step, e.value if digits is None else round(e.value, digits)) for e in events]
+
+
+class MainResult(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_main(capsys, monkeypatch):
+    """The entry point in-process: `fedur/main.py ARGS` -> (exit code, stdout, stderr)."""
+    from fedur.main import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def call(*args):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exit:
+            code = exit.code or 0
+        out = capsys.readouterr()
+        return MainResult(code, out.out, out.err)
+
+    return call

@@ -1,37 +1,12 @@
 import re
 import time
 from argparse import ArgumentError
-from dataclasses import dataclass
 
 import pytest
 
 from fedur.config import GROUPS
 from fedur.launch_env import LaunchEnv
-from fedur.main import ConfigError, main, parse_config, validate
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@pytest.fixture
-def run_main(capsys, monkeypatch):
-    """The entry point in-process: `fedur/main.py ARGS` -> exit code and output."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-    def call(*args):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exit:
-            code = exit.code or 0
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err)
-
-    return call
+from fedur.main import ConfigError, parse_config, validate
 
 
 def test_help_documents_every_option(run_main):

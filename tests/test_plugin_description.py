@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from fedur.config import result_settings
-from fedur.main import MESSAGES, legacy_keys, main, parse_config
+from fedur.main import MESSAGES, legacy_keys, parse_config
 from fedur.train.run_dir import changed_settings
 
 from .conftest import REPO
@@ -20,23 +20,6 @@ from .conftest import REPO
 TINY = ["--config", "configs/tiny.yaml"]
 CAREFUL = "tests.plugins.described.Careful"
 CAPPED = "tests.plugins.described.Capped"
-
-
-@pytest.fixture
-def run_main(capsys, monkeypatch):
-    """The entry point in-process, as tests/test_cli.py runs it: `fedur/main.py ARGS` -> (exit code, out, err)."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-    def call(*args):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exit:
-            code = exit.code or 0
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    return call
 
 
 def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
