@@ -124,6 +124,43 @@ class FederationConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    """What is tested, beside each client's accuracy on its own test set (docs/protocols.md)."""
+
+    global_model: bool = True
+    """Also test the server's model (the method's `global_model`) on the union of the training clients' test
+    sets every round: metrics.jsonl's global_accuracy, and dual_accuracy, the harmonic mean with the personal
+    mean."""
+    new_clients: NonNegativeFloat = 0
+    """Clients held out of every round (the last ids of the split): a count (an integer >= 1) or a fraction of
+    federation.num_clients (below 1, rounded, at least one). They never upload or pseudo-label; every round
+    they receive the shared pieces and are tested as they arrive, and after the last round each adapts alone
+    on its own train images (its labeller, evaluation.new_client_epochs local epochs, nothing sent back) and
+    is tested again."""
+    new_client_epochs: PositiveInt | None = None
+    """Local epochs of a new client's adaptation (one cosine cycle of optim.lr); null: federation.local_epochs."""
+    new_client_labels: Literal["arrival", "zero_shot"] = "arrival"
+    """A new client's pseudo-labels for its adaptation: from the model it arrives with (the shared pieces,
+    its personal ones at their initial values) or from zero-shot CLIP, as the training clients' first
+    refresh [guess]."""
+
+
+def new_client_count(new_clients: float, num_clients: int) -> int:
+    """How many clients evaluation.new_clients holds out of `num_clients`: a count as given, a fraction (< 1) of
+    them rounded half up, at least one. Raises ValueError when it is not a whole count or leaves none to train."""
+    if new_clients >= 1:
+        if new_clients != int(new_clients):
+            raise ValueError(f"evaluation.new_clients={new_clients:g}: a count must be a whole number (a fraction is below 1)")
+        count = int(new_clients)
+    else:
+        count = 0 if new_clients == 0 else max(1, int(new_clients * num_clients + 0.5))
+    if count >= num_clients:
+        raise ValueError(f"evaluation.new_clients={new_clients:g} holds out {count} of federation.num_clients={num_clients}: "
+                         "at least one client must train")
+    return count
+
+
+@dataclass
 class OptimConfig:
     """Local prompt tuning: SGD with a cosine schedule over one pseudo-label period."""
 
@@ -220,6 +257,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     run: RunConfig = field(default_factory=RunConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
     method: Method | None = None  # fedur.methods.Method: the federated method, with its own settings
@@ -233,6 +271,7 @@ GROUPS = {
     "data": DataConfig,
     "federation": FederationConfig,
     "optim": OptimConfig,
+    "evaluation": EvaluationConfig,
     "run": RunConfig,
     "fabric": FabricConfig,
 }
@@ -242,7 +281,7 @@ PLUGINS = ("method", "labeller", "dataset")
 # (method.*, labeller.*, dataset.*) are its class's to say: its `result_neutral` (`neutral_settings`).
 RESULT_NEUTRAL = {
     "model.cache_dir", "data.num_workers", "data.cache", "data.cache_dir",
-    "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
+    "federation.rounds", "optim.eval_batch_size", "evaluation.global_model", "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
     "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "fabric.accelerator",
     "fabric.devices", "fabric.num_nodes", "fabric.strategy",

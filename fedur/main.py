@@ -30,7 +30,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance, set_parsing_settings
 
 import fedur.data  # noqa: F401  (every built-in dataset class, so that --dataset finds it by name)
-from fedur.config import GROUPS, PLUGINS, Config, result_settings
+from fedur.config import GROUPS, PLUGINS, Config, new_client_count, result_settings
 from fedur.data.datasets import Dataset, DataUnavailableError, ImageFolder
 from fedur.data.partition import PartitionError
 from fedur.data.split_file import count_clients
@@ -318,6 +318,10 @@ def validate(cfg: Config, env: LaunchEnv) -> None:
     settle_num_clients(cfg)
     try:
         method.pair(cfg.labeller)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    try:
+        new_client_count(cfg.evaluation.new_clients, cfg.federation.num_clients)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     if cfg.run.clients_per_step > 1 and cfg.optim.optimizer_state == "shared":

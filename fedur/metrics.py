@@ -18,6 +18,20 @@ def mean(values: list[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
+def pooled(counts: Tensor) -> float | None:
+    """Accuracy in % over every test image of the clients in (K, 2) [correct, total]: the mean over clients
+    weighted by their test images (None without any)."""
+    correct, total = counts.sum(dim=0).tolist()
+    return 100.0 * float(correct) / float(total) if total > 0 else None
+
+
+def harmonic_mean(a: float | None, b: float | None) -> float | None:
+    """2ab / (a + b) of two accuracies (FLiP's dual, base-to-novel's H); None when either is missing, 0 when both are 0."""
+    if a is None or b is None:
+        return None
+    return 0.0 if a + b == 0 else 2.0 * a * b / (a + b)
+
+
 def best(values: list[float | None]) -> tuple[float | None, int | None]:
     """The largest present value and its index (the first on ties); (None, None) when none is present."""
     present = [(v, i) for i, v in enumerate(values) if v is not None]

@@ -37,6 +37,11 @@ CASES = {
     "fedtpg-copl": ["--method", "FedTPG", "--labeller", "CoPL"],
     # a piece of a plugin's own (an adapter on the image features), personal
     "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],
+    # client 3 held out of every round, then adapting alone; the server's model with the clients' mean context
+    "fedur-new-clients": ["--evaluation.new_clients", "1", "--method.global_text", "mean"],
+    # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
+    "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",
+                               "--evaluation.new_client_labels", "zero_shot", "--evaluation.new_client_epochs", "1"],
 }
 
 
@@ -121,3 +126,31 @@ def test_zero_shot_reports_the_frozen_model(runs):
     summary = json.loads((runs / "zeroshot-2" / "summary.json").read_text())
     assert summary["final_client_accuracy"] == summary["zero_shot_client_accuracy"]
     assert summary["rounds_completed"] == 0 and not (runs / "zeroshot-2" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("name, new", [("fedur-new-clients", [3]), ("pfedprompt-new-clients", [2, 3])])
+def test_new_clients_never_take_part_and_are_tested_as_they_arrive_and_after_adapting(runs, name, new):
+    rows, summary = read_rounds(runs / f"{name}-1"), json.loads((runs / f"{name}-1" / "summary.json").read_text())
+    training = [k for k in range(4) if k not in new]
+    for row in rows:
+        assert row["new_clients"] == new and set(row["participants"]) == set(training)
+        assert all(row["bytes_sent"][k] == 0 and row["selected"][k] == 0 and row["loss"][k] is None for k in new)
+        assert row["mean_accuracy"] == pytest.approx(sum(row["client_accuracy"][k] for k in training) / len(training))
+        assert row["new_client_accuracy"] == pytest.approx(sum(row["client_accuracy"][k] for k in new) / len(new))
+    assert summary["new_clients"] == new and set(summary["new_client_adapted_client_accuracy"]) == {str(k) for k in new}
+    assert summary["final_new_client_accuracy"] == rows[-1]["new_client_accuracy"]
+    assert isinstance(summary["new_client_adapted_accuracy"], float) and isinstance(summary["final_global_accuracy"], float)
+    start = torch.load(runs / f"{name}-1" / "checkpoints" / sorted(p.name for p in (runs / f"{name}-1" / "checkpoints").iterdir()
+                                                                 if p.name.startswith("round"))[-1] / "client_003.pt",
+                       weights_only=True)["prompts"]
+    final = torch.load(runs / f"{name}-1" / "prompts" / "client_003.pt", weights_only=True)
+    assert any(not torch.equal(final[k], start[k]) for k in start), "the adaptation trained the new client's pieces"
+
+
+def test_where_every_piece_is_shared_the_server_model_is_every_clients_so_global_pools_their_tests(runs):
+    """PromptFL's clients all hold the global prompt, and the tiny config's client test sets partition the test set:
+    the global accuracy is the personal one pooled over the test images, up to how batches round."""
+    for row in read_rounds(runs / "promptfl-fpl-1"):
+        assert row["global_accuracy"] == pytest.approx(row["weighted_accuracy"], abs=1.0)  # 1 of 100 test images
+        assert row["dual_accuracy"] == pytest.approx(2 * row["mean_accuracy"] * row["global_accuracy"]
+                                                     / (row["mean_accuracy"] + row["global_accuracy"]))

@@ -57,8 +57,9 @@ def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
     }.items()
 
 
-# What config.py's RESULT_NEUTRAL and run_dir.py's ADDED_SETTINGS listed by hand before the classes said it.
-OLD_RESULT_NEUTRAL = {
+# What config.py's RESULT_NEUTRAL and run_dir.py's ADDED_SETTINGS listed by hand before the classes said it (and the
+# evaluation group's, added since with the evaluation protocols).
+OLD_RESULT_NEUTRAL = {"evaluation.global_model",
     "model.cache_dir", "dataset.root", "dataset.download", "data.num_workers", "data.cache", "data.cache_dir",
     "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
@@ -67,7 +68,8 @@ OLD_RESULT_NEUTRAL = {
 }
 OLD_ADDED_SETTINGS = {"labeller.quota_arithmetic": "exact", "method.weighting": "selected", "method.cache_shots": None,
                       "method.cache_self_vote": True, "method.cache_alpha_scale": "none", "optim.schedule": "cosine",
-                      "federation.partition_file": None}
+                      "federation.partition_file": None, "evaluation.new_clients": 0, "evaluation.new_client_epochs": None,
+                      "evaluation.new_client_labels": "arrival", "method.global_text": "template"}
 
 
 @pytest.mark.parametrize("plugins", [

@@ -107,8 +107,9 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     different = [name for name in want if not torch.equal(got[name], want[name])]
     assert not different, f"tensors differ from the uninterrupted run: {different[:5]}"
     summary, ref_summary = (json.loads((d / "summary.json").read_text()) for d in (run_dir, reference))
-    for key in ("final_client_accuracy", "final_mean_accuracy", "best_mean_accuracy", "zero_shot_client_accuracy"):
-        assert summary[key] == ref_summary[key]
+    for key in ("final_client_accuracy", "final_mean_accuracy", "best_mean_accuracy", "zero_shot_client_accuracy",
+                "final_global_accuracy", "new_client_adapted_client_accuracy"):
+        assert summary.get(key) == ref_summary.get(key), key
 
 
 @pytest.fixture(scope="module")
@@ -259,6 +260,7 @@ METHOD_CASES = {
     "promptfolio": ["--method", "PromptFolio"],  # a local text prompt with each client
     "fedpgp": ["--method", "FedPGP", "--method.rank", "2"],  # a personal low-rank term with each client
     "fedtpg": ["--method", "FedTPG"],  # a shared generator's weights, each with its momentum
+    "new-clients": ["--evaluation.new_clients", "1", "--method.global_text", "mean"],  # client 3 held out, then adapting
 }
 
 
@@ -354,3 +356,18 @@ def test_a_run_from_before_rounds_counted_from_1_is_read_and_resumed_in_its_own_
     unnumbered = lambda state: {k.split("/", 1)[1] if k.startswith("round_") else k: v for k, v in state.items()}  # noqa: E731
     got, want = unnumbered(final_state(old)), unnumbered(final_state(new))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_crash_while_new_clients_adapt_resumes_to_the_uninterrupted_result(tmp_path, capsys):
+    """The adaptation comes after the last commit: a run that dies there has every round committed and no
+    summary.json, and its resume adapts the new clients again from the last checkpoint, to the same result."""
+    flags = ["--evaluation.new_clients", "2"]
+    run_in_process(tmp_path / "uninterrupted", *flags)
+    run_dir = tmp_path / "run"
+    with pytest.raises(InjectedFault):
+        run_in_process(run_dir, *flags, fault=f"raise:adapt:{ROUNDS + 1}:0")  # after client 2 adapted, before client 3
+    assert checkpoint.latest(run_dir).round_idx == ROUNDS - 1 and not (run_dir / "summary.json").exists()
+    run_in_process(run_dir, *flags, "--run.resume", "true")
+    assert_same_run(run_dir, tmp_path / "uninterrupted")
+    adapted = json.loads((run_dir / "summary.json").read_text())["new_client_adapted_client_accuracy"]
+    assert set(adapted) == {"2", "3"}

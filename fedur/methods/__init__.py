@@ -4,7 +4,18 @@ whose constructor arguments are its settings; a class of your own joins them by 
 
 from __future__ import annotations
 
-from fedur.methods.base import Aggregated, ClientData, ClientSide, LocalRound, LocalStep, Method, ServerRound, ServerSide
+from fedur.methods.base import (
+    Aggregated,
+    ClientData,
+    ClientSide,
+    GlobalModel,
+    GlobalView,
+    LocalRound,
+    LocalStep,
+    Method,
+    ServerRound,
+    ServerSide,
+)
 from fedur.methods.fedotp import FedOTP
 from fedur.methods.fedpgp import FedPGP
 from fedur.methods.fedtpg import FedTPG
@@ -18,7 +29,7 @@ from fedur.methods.scaffold import SCAFFOLD
 from fedur.methods.zeroshot import ZeroShot
 
 __all__ = [
-    "Aggregated", "ClientData", "ClientSide", "FedCoPL", "FedOTP", "FedPGP", "FedTPG", "FedUR", "GDAU",
-    "LocalRound", "LocalStep", "Method", "PFedPrompt", "Piece", "PromptFL", "PromptFolio", "PromptProx",
+    "Aggregated", "ClientData", "ClientSide", "FedCoPL", "FedOTP", "FedPGP", "FedTPG", "FedUR", "GDAU", "GlobalModel",
+    "GlobalView", "LocalRound", "LocalStep", "Method", "PFedPrompt", "Piece", "PromptFL", "PromptFolio", "PromptProx",
     "SCAFFOLD", "ServerRound", "ServerSide", "ZeroShot", "local_text_context", "text_context", "visual_prompt",
 ]

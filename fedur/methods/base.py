@@ -22,7 +22,10 @@ The server side (`ServerSide`: identical on every rank, from every client's uplo
 - `aggregate`: the new global pieces from a round's uploads (`ServerRound`: the round number, who took
   part, the weights, the current pieces and the method's server state), with the new state and metrics
   (`Aggregated`; the metrics reach metrics.jsonl, TensorBoard and fedur-report);
-- `client_weights`, `participants`, `rounds`: aggregation weights, who takes part, how many rounds.
+- `client_weights`, `participants`, `rounds`: aggregation weights, who takes part, how many rounds;
+- `global_model`: what the server's own model is (`GlobalView` -> `GlobalModel`), the one the global
+  protocols test (docs/protocols.md): by default the shared pieces with the personal ones at their initial
+  values, what a client that joins now would hold.
 
 Pairing (`default_labeller`, `pair`) says which pseudo-labeller a method trains with. The loop,
 collectives, checkpoints, resume, metrics and placement are the same for every method.
@@ -31,6 +34,7 @@ collectives, checkpoints, resume, metrics and placement are the same for every m
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
@@ -108,6 +112,28 @@ class Aggregated:
     shared: dict[str, Tensor]
     state: dict[str, Tensor] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GlobalView:
+    """What the server knows when it is asked for its global model (every rank the same)."""
+
+    shared: dict[str, Tensor]  # the global value of each shared piece (on the CPU)
+    state: dict[str, Tensor]  # the method's own server state
+    start: dict[str, Tensor]  # every declared piece's initial value (on the CPU)
+    client_mean: Callable[[str], Tensor]  # a personal piece's plain mean over the training clients (a collective:
+    # every rank asks for the same names in the same order; the hook runs on every rank with the same view)
+
+
+@dataclass
+class GlobalModel:
+    """The server's model, as the global protocols test it: a client that holds `pieces` and `extra` (what the
+    method's `logits` read) and no data; `text`: what the logits need from the text tower (None: the method's
+    `text_side` of `pieces`)."""
+
+    pieces: dict[str, Tensor]
+    extra: dict[str, Tensor] = field(default_factory=dict)
+    text: Any = None
 
 
 class ClientSide:
@@ -208,6 +234,12 @@ class ServerSide:
     def rounds(self, configured: int) -> int:
         """How many rounds to run of `federation.rounds`."""
         return configured
+
+    def global_model(self, model: PromptedCLIP, view: GlobalView) -> GlobalModel | None:
+        """The server's model (the global protocols: the union of the clients' test sets, held-out domains, other
+        datasets). Default: the shared pieces, the personal ones at their initial values (what a client that
+        joins now holds before it adapts). None: the method has no global model (no global accuracy)."""
+        return GlobalModel({**view.start, **view.shared})
 
 
 class Method(ClientSide, ServerSide):

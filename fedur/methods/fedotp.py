@@ -14,7 +14,7 @@ from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
-from fedur.methods.base import Method
+from fedur.methods.base import GlobalModel, GlobalView, Method
 from fedur.methods.fedotp_math import ot_logits
 from fedur.methods.pieces import Piece, local_text_context, text_context
 from fedur.model.precision import full_precision
@@ -50,6 +50,10 @@ class FedOTP(Method):
 
     def default_labeller(self) -> Labeller | None:
         return FPL()
+
+    def global_model(self, model: PromptedCLIP, view: GlobalView) -> GlobalModel | None:
+        """The global prompt in both of the transport's places [guess: FedOTP reports personal accuracy only]."""
+        return GlobalModel({**view.shared, "text_local": view.shared["text_ctx"]})
 
     def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
         return torch.stack([model.text_features(pieces["text_ctx"]), model.text_features(pieces["text_local"])])  # (2, C, D)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
-from fedur.methods.base import Method
+from fedur.methods.base import GlobalModel, GlobalView, Method
 from fedur.methods.fedur import fused_group_logits
 from fedur.methods.pieces import Piece, text_context
 from fedur.model.precision import full_precision
@@ -65,6 +65,10 @@ class FedPGP(Method):
 
     def default_labeller(self) -> Labeller | None:
         return FPL()
+
+    def global_model(self, model: PromptedCLIP, view: GlobalView) -> GlobalModel | None:
+        """sigma alone: the personal term U V at zero (U = 0) [guess: FedPGP's global prompt without a client's]."""
+        return GlobalModel({**view.start, **view.shared, "lowrank_u": torch.zeros_like(view.start["lowrank_u"])})
 
     def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
         """(C, D) the personalised prompt's class features: sigma + U V."""

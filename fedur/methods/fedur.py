@@ -11,7 +11,7 @@ from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.labels import CoDPL, CoPL, Labeller
-from fedur.methods.base import Method
+from fedur.methods.base import GlobalModel, GlobalView, Method
 from fedur.methods.pieces import Piece, text_context, visual_prompt
 
 if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
@@ -49,14 +49,21 @@ class FedUR(Method):
 
     group_forward = "fused"
 
-    def __init__(self, share: Literal["visual", "text", "both", "none"] = "visual", **kwargs) -> None:
+    added_settings = {**Method.added_settings, "global_text": "template"}
+
+    def __init__(self, share: Literal["visual", "text", "both", "none"] = "visual",
+                 global_text: Literal["template", "mean"] = "template", **kwargs) -> None:
         """
         Args:
             share: Prompts the server averages: the visual prompt (the paper's protocol; text prompts stay
                 personal), or as ablations of the aggregation protocol 'text', 'both' or 'none'.
+            global_text: The server's model where the text prompt is personal (the global protocols,
+                docs/protocols.md): the shared visual prompt with CLIP's zero-shot template ('template') or
+                with the plain mean of the training clients' text contexts ('mean') [guess: the paper reports
+                no global model]. A personal visual prompt (share 'text' or 'none') is the clients' mean.
         """
         super().__init__(**kwargs)
-        self.share = share
+        self.share, self.global_text = share, global_text
 
     def pieces(self) -> dict[str, Piece]:
         return {"visual": visual_prompt(shared=self.share in ("visual", "both")),
@@ -64,6 +71,16 @@ class FedUR(Method):
 
     def default_labeller(self) -> Labeller | None:
         return CoDPL()
+
+    def global_model(self, model: PromptedCLIP, view: GlobalView) -> GlobalModel | None:
+        pieces = {**view.start, **view.shared}  # a subclass's own pieces: shared, or at their initial values
+        if "visual" not in view.shared:
+            pieces["visual"] = view.client_mean("visual")
+        if "text_ctx" in view.shared:  # shared: the global one
+            return GlobalModel(pieces)
+        if self.global_text == "mean":
+            return GlobalModel({**pieces, "text_ctx": view.client_mean("text_ctx")})
+        return GlobalModel(pieces, text=model.zero_shot_text)  # the template's class features, CLIP's own
 
     def group_text_side(self, model: PromptedCLIP, pieces: list[dict[str, Tensor]]) -> list[Any]:
         return fused_group_text_side(self, model, pieces)

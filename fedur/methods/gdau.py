@@ -26,7 +26,7 @@ from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
 from torch import Tensor
 
 from fedur.federated.client import ClientState
-from fedur.methods.base import Aggregated, ClientData, LocalRound, Method, ServerRound
+from fedur.methods.base import Aggregated, ClientData, GlobalModel, GlobalView, LocalRound, Method, ServerRound
 from fedur.methods.gda_math import (
     DEFAULT_ALPHA,
     GDAStats,
@@ -130,6 +130,10 @@ class GDAU(Method):
         total = GDAStats(*(round.uploads[name] for name in GDAStats._fields))  # summed in client-id order (Method.summed)
         W, b = gda_classifier(total, precision_scale=self.precision_scale, prior=self.prior)
         return Aggregated(round.current, {**round.state, "W": W, "b": b})
+
+    def global_model(self, model: PromptedCLIP, view: GlobalView) -> GlobalModel | None:
+        """The classifier the server fitted (every client holds the same); zero-shot CLIP before the first."""
+        return GlobalModel({}, {"gda_W": view.state["W"], "gda_b": view.state["b"]} if "W" in view.state else {})
 
     def download(self, client: ClientState, shared: dict[str, Tensor], state: dict[str, Tensor]) -> None:
         if "W" in state:

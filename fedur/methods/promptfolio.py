@@ -23,7 +23,7 @@ from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
-from fedur.methods.base import Method
+from fedur.methods.base import GlobalModel, GlobalView, Method
 from fedur.methods.fedur import fused_group_logits
 from fedur.methods.pieces import Piece, local_text_context, text_context
 from fedur.ranges import Fraction
@@ -53,6 +53,10 @@ class PromptFolio(Method):
 
     def default_labeller(self) -> Labeller | None:
         return FPL()
+
+    def global_model(self, model: PromptedCLIP, view: GlobalView) -> GlobalModel | None:
+        """The global prompt alone (the mixture of the global prompt with itself) [guess]."""
+        return GlobalModel({**view.shared, "text_local": view.shared["text_ctx"]})
 
     def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
         """(C, D) (1 - theta) f_global + theta f_local, each unit-norm, their mixture not normalised again."""

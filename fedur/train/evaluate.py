@@ -1,15 +1,22 @@
-"""Batched inference, and what evaluation reports: every client's accuracy on its own test set."""
+"""Batched inference, and what evaluation reports: every client's accuracy on its own test set (the personal
+protocol), and the server's model on the training clients' test images together (the global protocol,
+docs/protocols.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from lightning import Fabric
 from torch import Tensor
 from torch.utils.data import DataLoader
 from torchmetrics.functional.classification import multiclass_confusion_matrix
+
+from fedur.data.loaders import in_batches
+from fedur.federated.client import ClientState
+from fedur.methods.base import GlobalView
 
 if TYPE_CHECKING:
     from fedur.train.rank import Rank
@@ -41,14 +48,16 @@ def correct_and_total(confusion: Tensor) -> Tensor:
     return torch.stack([confusion.trace(), confusion.sum()]).long()
 
 
-def evaluate_clients(rank: Rank, zero_shot: bool = False, with_confusion: bool = False) -> tuple[Tensor, Tensor | None]:
+def evaluate_clients(rank: Rank, zero_shot: bool = False, with_confusion: bool = False,
+                     clients: list[ClientState] | None = None) -> tuple[Tensor, Tensor | None]:
     """(K, 2) [correct, total] of every client on its own test set with its model (the method's logits with
     the client's prompts), or as zero-shot CLIP; and with `with_confusion` the clients' (K, C, C)
     confusion matrices from the same pass (else None). Without test labels every count is 0 (the accuracies
-    are absent, None) and there is no confusion matrix. Every rank calls this."""
+    are absent, None) and there is no confusion matrix. `clients`: only these of the rank's (the others' rows are
+    zeros). Every rank calls this."""
     if not rank.dataset.test.labelled:
         return torch.zeros(rank.num_clients, 2, dtype=torch.long, device="cpu"), None  # the same on every rank: nothing to exchange
-    confusions = {k: confusion_matrix(logits, labels) for k, (logits, labels) in rank.predict("test", zero_shot).items()}
+    confusions = {k: confusion_matrix(logits, labels) for k, (logits, labels) in rank.predict("test", zero_shot, clients=clients).items()}
     counts = {k: correct_and_total(matrix) for k, matrix in confusions.items()}
     accuracy = rank.gather(counts, like=torch.zeros(2, dtype=torch.long, device="cpu"), what="test accuracy counts")
     if not with_confusion:
@@ -56,3 +65,39 @@ def evaluate_clients(rank: Rank, zero_shot: bool = False, with_confusion: bool =
     num_classes = rank.model.num_classes
     like = torch.zeros(num_classes, num_classes, dtype=torch.long, device="cpu")
     return accuracy, rank.gather(confusions, like=like, what="confusion matrices")
+
+
+def evaluate_global(rank: Rank, shared: dict[str, Tensor], state: dict[str, Tensor],
+                    rows: np.ndarray | None = None) -> Tensor | None:
+    """(2,) int64 [correct, total] of the server's model (Method.global_model, from the global pieces `shared` and
+    the method's server `state`) on `rows` of the test split (default: the training clients' union,
+    `rank.global_rows`); None when the method has no global model. Without test labels: zeros.
+
+    Every rank calls this. The batches are dealt to the ranks in turn (batch b to rank b mod world size) and
+    the counts summed, so each rank does a share of the work and the counts do not depend on the placement."""
+    view = GlobalView(dict(shared), dict(state), rank.start, lambda name: client_mean(rank, name))
+    method, model, fabric = rank.method, rank.model, rank.fabric
+    server_model = method.global_model(model, view)
+    if server_model is None:
+        return None
+    if not rank.dataset.test.labelled:
+        return torch.zeros(2, dtype=torch.long, device="cpu")
+    rows = rank.global_rows if rows is None else rows
+    plan = in_batches(rows, rank.work.eval_batch_size)[fabric.global_rank::fabric.world_size]
+    server = ClientState(-1, np.zeros(0, dtype=np.int64), rows, dict(server_model.pieces), extra=dict(server_model.extra))
+    server = server.on(fabric.device)
+    counts = torch.zeros(2, dtype=torch.long, device="cpu")
+    with torch.no_grad(), fabric.autocast():
+        text = method.text_side(model, server.pieces) if server_model.text is None else server_model.text
+        for images, batch in zip(rank.images.batches("test", plan), plan):
+            logits = method.logits(model, fabric.to_device(images), server.pieces, text, server, None)
+            truth = torch.from_numpy(rank.dataset.test.labels[batch])
+            counts += torch.stack([(logits.float().argmax(dim=-1).cpu() == truth).sum(), torch.tensor(len(batch), device="cpu")])
+    return rank.collectives.gather_ranks(counts, what="global accuracy counts").sum(dim=0)
+
+
+def client_mean(rank: Rank, name: str) -> Tensor:
+    """The plain mean over the training clients of piece `name` (CPU), in client-id order. Every rank calls this."""
+    like = rank.start[name]
+    values = {c.client_id: c.pieces[name] for c in rank.clients}
+    return rank.gather(values, like=like, what=f"{name} of every client")[rank.training].mean(dim=0)

@@ -5,6 +5,7 @@ a real failure there leaves behind. Set in the environment, never in the setting
       action  kill (SIGKILL, no cleanup) | raise (an exception) | hang (sleep; peers must time out)
       point   train  (after the rank's first unit of clients of the round has trained)
               commit (after the rank wrote its client checkpoint files, before the commit marker)
+              adapt  (after a new client of the rank adapted, evaluation.new_clients; its round: the last + 1)
       round   the round's number, counted from 1 as everywhere a user reads (kill:train:3:0: in the third round)
 
 The round loop and the checkpoint call `point(...)` where these are; without FEDUR_FAULT it does nothing.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 ENV = "FEDUR_FAULT"
 ACTIONS = ("kill", "raise", "hang")
-POINTS = ("train", "commit")
+POINTS = ("train", "commit", "adapt")
 
 
 class InjectedFault(RuntimeError):

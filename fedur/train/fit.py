@@ -17,9 +17,10 @@ from fedur.federated.divergence import drift_diversity, mean_pairwise_cosine_dis
 from fedur.federated.placement import placement_table
 from fedur.methods.base import LocalRound, shared_names
 from fedur.train import checkpoint, faults
-from fedur.train.evaluate import evaluate_clients
+from fedur.train.evaluate import evaluate_clients, evaluate_global
 from fedur.train.local import train_unit
 from fedur.train.module import PromptTuner
+from fedur.train.new_clients import adapt_new_clients
 from fedur.train.predictions import write_predictions
 from fedur.train.preemption import StopRequest
 from fedur.train.progress import Progress
@@ -91,8 +92,9 @@ def fit(
     histogram_bytes = (2 if labeller is not None and labeller.cooperative else 1) * rank.model.num_classes * INT64_BYTES
     train_sizes = rank.gather({c.client_id: torch.tensor(len(c.train_indices), device="cpu") for c in rank.clients},
                               like=torch.tensor(0, device="cpu"), what="train sizes")
+    training, num_training = rank.training, int(rank.training.sum())  # the others: evaluation.new_clients
     if resumed is None:
-        recorder.record_zero_shot(evaluate_clients(rank, zero_shot=True)[0])
+        recorder.record_zero_shot(evaluate_clients(rank, zero_shot=True)[0], training)
     else:
         server.load_state_dict(resumed)
         rank.tuner.use_class_weights(None if server.refresh is None else server.refresh.class_weights)
@@ -109,7 +111,8 @@ def fit(
             rank.tuner.use_class_weights(server.refresh.class_weights)
         clock.lap("refresh")
 
-        joined = method.participants(round_idx, fed.num_clients, fed.join_rate, cfg.run.seed)
+        joined = torch.zeros(fed.num_clients, dtype=torch.bool, device="cpu")  # drawn among the training clients only
+        joined[:num_training] = method.participants(round_idx, num_training, fed.join_rate, cfg.run.seed)
         selected = None if server.refresh is None else server.refresh.selected.sum(dim=1)
         weights = method.client_weights(selected, train_sizes) * joined  # 0 for the clients that sit out,
         if selected is not None:  # and for those without a pseudo-label: nothing to train on, nothing to upload
@@ -122,13 +125,14 @@ def fit(
         method_metrics = exchange(rank, server, weights, local, round_idx + 1, rounds)
         clock.lap("aggregate")
         accuracy, confusion = evaluate_clients(rank, with_confusion=round_idx == rounds - 1)
+        global_counts = evaluate_global(rank, server.shared, server.method) if cfg.evaluation.global_model else None
         losses = rank.gather(local_losses, like=torch.zeros(4, dtype=torch.float64, device="cpu"), what="local losses")
         clock.lap("evaluate")
 
         piece_bytes = server.upload_bytes()  # {name: bytes} of one client's upload
-        uploads = (weights > 0) * sum(piece_bytes.values()) + (histogram_bytes if refreshed else 0)
+        uploads = (weights > 0) * sum(piece_bytes.values()) + (histogram_bytes * training if refreshed else 0)
         outcome = RoundOutcome(round_idx, refreshed, joined, weights, accuracy, losses, uploads, clock.total(), clock.laps,
-                               method.trains, piece_bytes, method_metrics)
+                               method.trains, piece_bytes, method_metrics, training, global_counts)
         recorder.record_round(round_record(outcome, rounds, server.refresh, divergence, history.first_round))
         server.wall_seconds = wall_before + time.perf_counter() - start_time
         marker = checkpoint.Marker(round_idx, fed.num_clients, fabric.world_size, settings,
@@ -143,6 +147,10 @@ def fit(
 
     if confusion is not None:  # None: a resumed run that had already finished its rounds
         recorder.record_confusion(confusion, rank.dataset.classnames)
+    if rank.new_clients and method.trains:  # after the last commit: a resume adapts them again, the same way
+        epochs = cfg.evaluation.new_client_epochs or fed.local_epochs
+        recorder.record_adapted(adapt_new_clients(rank, labeller, epochs, cfg.evaluation.new_client_labels == "zero_shot",
+                                                  train_sizes, rounds, truth.train_labels), training)
     collectives.close()
     checkpoint.save_prompts(run_dir.path("prompts"), server.shared, rank.clients, write_shared=fabric.is_global_zero)
     if truth.train_labels is None or not recorder.test_labels:  # data without labels: what the model says per image

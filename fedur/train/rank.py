@@ -51,6 +51,20 @@ class Rank:
     work: LocalWork
     progress: Progress = QUIET  # rank 0's progress display; the others stay quiet
     start: dict[str, Tensor] = field(default_factory=dict)  # every declared piece's initial value (CPU): what clients begin with
+    training: Tensor | None = None  # (K,) bool: the clients that take part in rounds (the others: evaluation.new_clients)
+    global_rows: np.ndarray | None = None  # the test rows the server's model is tested on: the training clients' union
+    # (fedur/train/setup.py; for a rank built by hand, the union of its own clients')
+
+    def __post_init__(self) -> None:
+        if self.training is None:
+            self.training = torch.ones(self.num_clients, dtype=torch.bool, device="cpu")
+        if self.global_rows is None:
+            self.global_rows = np.unique(np.concatenate([c.test_indices for c in self.clients] or [np.zeros(0, np.int64)]))
+
+    @property
+    def new_clients(self) -> list[int]:
+        """The ids of the clients held out of every round (evaluation.new_clients), over all ranks."""
+        return torch.nonzero(~self.training).flatten().tolist()
 
     @property
     def model(self) -> PromptedCLIP:
@@ -76,15 +90,16 @@ class Rank:
 
     @torch.no_grad()
     def predict(
-        self, split: Literal["train", "test"], zero_shot: bool = False, desc: str | None = None
+        self, split: Literal["train", "test"], zero_shot: bool = False, desc: str | None = None,
+        clients: list[ClientState] | None = None,
     ) -> dict[int, tuple[Tensor, Tensor]]:
         """Each hosted client's (logits (n_k, C) float32 on CPU, true labels (n_k,), UNLABELLED (-1) where the split
         has none: the train split never has, fedur/train/setup.py) over its own images of
         `split`: with its model (the method's logits with the client's pieces), or as zero-shot CLIP. A unit
         of several clients goes through the loader and the grouped forward together. With `desc`, rank 0
-        shows the progress over units and batches."""
+        shows the progress over units and batches. `clients`: only these of the hosted ones (default: every one)."""
         out = {}
-        units = self.units() if desc is None else self.progress.iterate(self.units(), desc)
+        units = self.units(clients) if desc is None else self.progress.iterate(self.units(clients), desc)
         for unit in units:
             out.update(self._predict_unit(unit, split, zero_shot, desc is not None))
         return out

@@ -18,11 +18,12 @@ import json
 import math
 
 import numpy as np
+import torch
 from lightning.fabric.loggers import TensorBoardLogger
 from torch import Tensor
 
 from fedur.federated.placement import placement_lines
-from fedur.metrics import accuracies, best, fmt, mean
+from fedur.metrics import accuracies, best, fmt, harmonic_mean, mean, pooled
 from fedur.plots import heatmap, save
 from fedur.train.progress import QUIET, Progress, eta_seconds, format_duration
 from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir, writing
@@ -30,10 +31,11 @@ from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir, writing
 
 def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accuracy: bool = True) -> str:
     """Per client: zero-shot, final and best accuracy (%) with its round (without test labels, no
-    `accuracy`: none of these), selected count in the final round; then the mean over clients (best: of the
-    mean curve)."""
+    `accuracy`: none of these), selected count in the final round; then the mean over the training clients
+    (best: of the mean curve; a new client, evaluation.new_clients, is marked and left out of it)."""
     num_clients = len(rounds[-1]["client_accuracy"])
     zero_shot = zero_shot or [None] * num_clients
+    new = set(rounds[-1].get("new_clients") or [])
 
     def at_round(index: int | None) -> str:
         return "n/a" if index is None else f"{index + 1}"  # the rows are every round in order: row i is round i + 1
@@ -42,10 +44,12 @@ def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accu
     for k in range(num_clients):
         curve = [r["client_accuracy"][k] for r in rounds]
         value, at = best(curve)
-        lines.append([f"{k}", fmt(zero_shot[k]), fmt(curve[-1]), fmt(value), at_round(at), fmt(rounds[-1]["selected"][k], 0)])
+        lines.append([f"{k}" + (" (new)" if k in new else ""), fmt(zero_shot[k]), fmt(curve[-1]), fmt(value), at_round(at),
+                      fmt(rounds[-1]["selected"][k], 0)])
     value, at = best([r["mean_accuracy"] for r in rounds])
-    lines.append(["mean", fmt(mean(zero_shot)), fmt(rounds[-1]["mean_accuracy"]), fmt(value), at_round(at),
-                  fmt(mean(rounds[-1]["selected"]), 0)])
+    kept = [k for k in range(num_clients) if k not in new]
+    lines.append(["mean", fmt(mean([zero_shot[k] for k in kept])), fmt(rounds[-1]["mean_accuracy"]), fmt(value), at_round(at),
+                  fmt(mean([rounds[-1]["selected"][k] for k in kept]), 0)])
     header = ["client", "zero-shot", "final", "best", "at round", "selected"]
     if not accuracy:
         lines = [[row[0], row[-1]] for row in lines]
@@ -67,6 +71,7 @@ class Recorder:
         self.placement: dict = {}
         self.classnames: list[str] = []
         self.test_labels = True  # False: no accuracy to report (note_unlabelled)
+        self.adapted: dict = {}  # the new clients' accuracy after adapting (record_adapted)
         self.tensorboard = None
         if enabled:
             purge = {"purge_step": start_round + 1} if start_round else {}  # passed on to SummaryWriter
@@ -139,14 +144,18 @@ class Recorder:
             self.note("no test labels: test accuracy (per client and mean), the confusion matrix and the zero-shot "
                       "accuracy are not reported; each client's predictions per image are written to predictions/")
 
-    def record_zero_shot(self, counts: Tensor) -> None:
+    def record_zero_shot(self, counts: Tensor, training: Tensor | None = None) -> None:
+        """zero_shot.json from every client's (K, 2) counts with zero-shot CLIP; the means cover the `training`
+        clients ((K,) bool; None: all), the new clients' (evaluation.new_clients) come apart."""
+        training = torch.ones(len(counts), dtype=torch.bool, device="cpu") if training is None else training
         per_client = accuracies(counts)
-        total = counts.sum(dim=0)
+        new = [per_client[k] for k in torch.nonzero(~training).flatten().tolist()]
         self.zero_shot = {
-            "zero_shot_client_mean": mean(per_client),
+            "zero_shot_client_mean": mean([acc for acc, t in zip(per_client, training.tolist()) if t]),
             "zero_shot_client_accuracy": per_client,
-            # the client test sets partition the whole test set, so this is zero-shot on the test set
-            "zero_shot_global": 100.0 * float(total[0]) / float(total[1]) if total[1] > 0 else None,
+            # the training clients' test images pooled: the whole test set when their test sets partition it
+            "zero_shot_global": pooled(counts[training]),
+            **({"zero_shot_new_clients": mean(new)} if new else {}),
         }
         self._write_json(ZERO_SHOT, self.zero_shot)
         if self.test_labels:
@@ -166,6 +175,10 @@ class Recorder:
         step = row["round"] + 1 - self.first_round  # rounds completed, from 1
         scalars = {
             "accuracy/mean": row["mean_accuracy"],
+            "accuracy/weighted_mean": row.get("weighted_accuracy"),
+            "accuracy/global": row.get("global_accuracy"),
+            "accuracy/dual": row.get("dual_accuracy"),
+            "accuracy/new_clients": row.get("new_client_accuracy"),
             "optim/lr": row["lr"],
             "time/round_seconds": row["round_seconds"],
             "comm/bytes_total": sum(row["bytes_sent"]),
@@ -202,6 +215,10 @@ class Recorder:
         session = self.rounds[self.start_round:]  # the pace of this process, not of an interrupted one
         left = eta_seconds(sum(r["round_seconds"] for r in session), len(session), row["rounds"] - step)
         parts = [f"round {step:>3}/{row['rounds']}"] + ([f"acc {fmt(row['mean_accuracy'])}%"] if self.test_labels else [])
+        if self.test_labels and row.get("global_accuracy") is not None:
+            parts.append(f"global {fmt(row['global_accuracy'])}%")
+        if self.test_labels and row.get("new_client_accuracy") is not None:
+            parts.append(f"new clients {fmt(row['new_client_accuracy'])}%")
         if row["selected_per_class"] is not None:  # a method with pseudo-labels
             hits = mean(row["pseudo_label_accuracy"])
             parts += ([] if hits is None else [f"pseudo-label acc {fmt(hits)}%"]) + [f"selected {sum(row['selected'])}"]
@@ -210,6 +227,20 @@ class Recorder:
         if row["lr"] is not None:  # some client trained
             parts += [f"loss {fmt(mean(row['loss']), 4)}", f"lr {fmt(row['lr'], 4)}"]
         self.note("  ".join([*parts, f"{row['round_seconds']:.1f}s", f"eta {format_duration(left)}"]))
+
+    def record_adapted(self, counts: Tensor, training: Tensor) -> None:
+        """The new clients' (evaluation.new_clients) accuracy after adapting alone, from (K, 2) counts (the
+        training clients' rows unused): summary.json's new_client_adapted_accuracy and TensorBoard's
+        accuracy/new_clients_adapted at the step after the last round's (a resume after the last commit logs it)."""
+        per_client = accuracies(counts)
+        new = torch.nonzero(~training).flatten().tolist()
+        self.adapted = {"new_client_adapted_accuracy": mean([per_client[k] for k in new]),
+                        "new_client_adapted_client_accuracy": {str(k): per_client[k] for k in new}}
+        self._scalars({"accuracy/new_clients_adapted": self.adapted["new_client_adapted_accuracy"]}, len(self.rounds) + 1)
+        if self.test_labels:
+            arrived = self.rounds[-1].get("new_client_accuracy") if self.rounds else None
+            self.note(f"new clients {', '.join(map(str, new))}: {fmt(arrived)}% as they arrive, "
+                      f"{fmt(self.adapted['new_client_adapted_accuracy'])}% after adapting alone")
 
     def record_confusion(self, per_client: Tensor, classnames: list[str]) -> None:
         """confusion.json and a heatmap of the (C, C) confusion matrix [true, predicted], summed over the
@@ -231,15 +262,26 @@ class Recorder:
     def finish(self, settings: dict, extra: dict) -> dict:
         """summary.json. The final accuracies are the last round's; with no round (zero-shot CLIP) the model
         that was evaluated is the zero-shot one."""
-        final = self.rounds[-1] if self.rounds else {
-            "mean_accuracy": self.zero_shot.get("zero_shot_client_mean"),
-            "client_accuracy": self.zero_shot.get("zero_shot_client_accuracy"),
+        zero_shot = self.zero_shot
+        final = self.rounds[-1] if self.rounds else {  # zero-shot CLIP is its own server model
+            "mean_accuracy": zero_shot.get("zero_shot_client_mean"),
+            "client_accuracy": zero_shot.get("zero_shot_client_accuracy"),
+            "weighted_accuracy": zero_shot.get("zero_shot_global"),
+            "global_accuracy": zero_shot.get("zero_shot_global"),
+            "dual_accuracy": harmonic_mean(zero_shot.get("zero_shot_client_mean"), zero_shot.get("zero_shot_global")),
+            "new_client_accuracy": zero_shot.get("zero_shot_new_clients"),
         }
         _, at = best([r["mean_accuracy"] for r in self.rounds])
         top = self.rounds[at] if at is not None else {}
         summary = {
             "final_mean_accuracy": final.get("mean_accuracy"),
             "final_client_accuracy": final.get("client_accuracy"),
+            "final_weighted_accuracy": final.get("weighted_accuracy"),
+            "final_global_accuracy": final.get("global_accuracy"),
+            "final_dual_accuracy": final.get("dual_accuracy"),
+            "new_clients": final.get("new_clients", []),
+            "final_new_client_accuracy": final.get("new_client_accuracy"),
+            **self.adapted,
             "best_mean_accuracy": top.get("mean_accuracy"),
             "best_round": top.get("round"),
             "first_round": self.first_round,  # the number of the first round in metrics.jsonl and best_round
@@ -272,4 +314,7 @@ class Recorder:
             f"final mean accuracy {fmt(summary['final_mean_accuracy'])}% (best {fmt(summary['best_mean_accuracy'])}% "
             f"after round {best_round}); zero-shot client mean {fmt(summary.get('zero_shot_client_mean'))}%"
         )
+        if summary["final_global_accuracy"] is not None:
+            self.note(f"global (the server's model on the training clients' test images) {fmt(summary['final_global_accuracy'])}%, "
+                      f"dual (harmonic mean with the personal mean) {fmt(summary['final_dual_accuracy'])}%")
         return summary

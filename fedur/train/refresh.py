@@ -33,7 +33,8 @@ class Refresh:
 
 
 def refresh_pseudo_labels(
-    rank: Rank, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int, train_labels: np.ndarray | None
+    rank: Rank, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int, train_labels: np.ndarray | None,
+    members: Tensor | None = None,
 ) -> Refresh:
     """Label every local client's train set with zero-shot CLIP (the first refresh) or with the client's
     current model (the method's logits with its prompts), then let `labeller` select. Every rank calls this.
@@ -41,19 +42,23 @@ def refresh_pseudo_labels(
     Sets `client.pseudo_labels` of the local clients and lets the method build what it keeps per client.
     The rank's train split has no labels: `train_labels` (the true label of every train row, None when the
     data has none) is read only here, and only to count `label_hits` for monitoring. `n_total`: the size of
-    the whole train set (the cooperative allocation's fallback).
+    the whole train set (the cooperative allocation's fallback). `members`: (K,) bool, the clients that label
+    and cooperate (default: `rank.training`); the others keep their pseudo-labels and have zero rows.
     """
     num_classes = rank.model.num_classes
-    predictions = rank.predict("train", zero_shot, desc="pseudo-labelling clients")
+    members = rank.training if members is None else members
+    hosted = [c for c in rank.clients if members[c.client_id]]
+    predictions = rank.predict("train", zero_shot, desc="pseudo-labelling clients", clients=hosted)
     probs = {k: logits.softmax(dim=-1) for k, (logits, _) in predictions.items()}
     quotas = None
     if labeller.cooperative:
         estimated = {k: labeller.estimate(p) for k, p in probs.items()}
         like = torch.zeros(num_classes, dtype=torch.long, device="cpu")
         all_estimated = rank.gather(estimated, like, what="pseudo-label histograms")  # the clients' only upload
-        quotas = labeller.allocate(all_estimated, n_total, refresh_idx)
+        quotas = torch.zeros_like(all_estimated)  # the members' allocation among themselves; zeros for the others
+        quotas[members] = labeller.allocate(all_estimated[members], n_total, refresh_idx)
     local = {}
-    for client in rank.clients:
+    for client in hosted:
         previous = client.pseudo_labels
         client.pseudo_labels = chosen = labeller.select(
             probs[client.client_id], None if quotas is None else quotas[client.client_id], refresh_idx, previous=previous

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from fedur.data.datasets import ImageDataset
 from fedur.data.partition import client_domains
-from fedur.metrics import accuracies, mean
+from fedur.metrics import accuracies, harmonic_mean, mean, pooled
 from fedur.train.refresh import Refresh
 
 
@@ -29,6 +29,8 @@ class RoundOutcome:
     trains: bool = True  # the clients that took part trained with SGD (False: a training-free method)
     piece_bytes: dict[str, int] | None = None  # {shared piece or message: bytes} of one client's upload
     method_metrics: dict[str, float] | None = None  # what the method's aggregate reported
+    training: Tensor | None = None  # (K,) bool: the clients that take part in rounds (None: all; else evaluation.new_clients)
+    global_counts: Tensor | None = None  # (2,) [correct, total] of the server's model on the training clients' test union
 
 
 def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, divergence: dict[str, dict],
@@ -44,11 +46,20 @@ def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, di
         return [float(losses[k, column]) if t else None for k, t in enumerate(trained)]
 
     client_acc = accuracies(outcome.accuracy)
+    training = torch.ones(num_clients, dtype=torch.bool, device="cpu") if outcome.training is None else outcome.training
+    personal = mean([acc for acc, t in zip(client_acc, training.tolist()) if t])
+    global_acc = None if outcome.global_counts is None else accuracies(outcome.global_counts.view(1, 2))[0]
+    new = torch.nonzero(~training).flatten().tolist()
     return {
         "round": outcome.round_idx + first_round,
         "rounds": rounds,
-        "mean_accuracy": mean(client_acc),
-        "client_accuracy": client_acc,
+        "mean_accuracy": personal,  # personal: the plain mean over the training clients of each one's own test accuracy
+        "client_accuracy": client_acc,  # every client's, new ones too
+        "weighted_accuracy": pooled(outcome.accuracy[training]),  # the same clients, weighted by their test images
+        "global_accuracy": global_acc,  # the server's model on the training clients' test images together
+        "dual_accuracy": harmonic_mean(personal, global_acc),
+        "new_clients": new,  # held out of every round (evaluation.new_clients)
+        "new_client_accuracy": mean([client_acc[k] for k in new]) if new else None,  # as they arrive: the shared pieces
         "pseudo_label_accuracy": [None] * num_clients if refresh is None or refresh.label_hits is None
         else accuracies(refresh.label_hits),  # None without train labels
         # % of the images selected at this refresh and the previous one that kept their pseudo-label (no labels needed)

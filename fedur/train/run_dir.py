@@ -175,6 +175,9 @@ ABSENT = "<absent>"
 ADDED_SETTINGS = {
     "optim.schedule": "cosine",
     "federation.partition_file": None,
+    "evaluation.new_clients": 0,
+    "evaluation.new_client_epochs": None,
+    "evaluation.new_client_labels": "arrival",
 }
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from lightning import Fabric
 
-from fedur.config import Config
+from fedur.config import Config, new_client_count
 from fedur.data.cache import CacheOptions, prepare_splits, stderr_progress
 from fedur.data.datasets import DataOptions, ImageDataset, prepare_dataset
 from fedur.data.loaders import ImageLoader
@@ -99,7 +99,10 @@ def setup(
                      cfg.run.clients_per_step)
     images = ImageLoader({"train": dataset.train, "test": dataset.test}, loading.transform, d.num_workers,
                          pin_memory=fabric.device.type == "cuda")
-    rank = Rank(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start)
+    training = torch.arange(fed.num_clients, device="cpu") < fed.num_clients - new_client_count(cfg.evaluation.new_clients, fed.num_clients)
+    global_rows = np.unique(np.concatenate([test_parts[k] for k in range(fed.num_clients) if training[k]]))
+    rank = Rank(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start, training,
+                global_rows)
     return rank, truth, loading.skipped
 
 
