@@ -143,6 +143,15 @@ class EvaluationConfig:
     """A new client's pseudo-labels for its adaptation: from the model it arrives with (the shared pieces,
     its personal ones at their initial values) or from zero-shot CLIP, as the training clients' first
     refresh [guess]."""
+    base_to_novel: bool = False
+    """Base-to-novel: the first half of the classes (rounded up) are base; clients train and pseudo-label only
+    on base images with the base names (the personal protocol tests base), and the server's model is tested
+    every round on the novel images with the novel names (novel_accuracy; base_novel_harmonic, the harmonic
+    mean of the two)."""
+    held_out_domain: str | None = None
+    """Leave-one-domain-out: this domain's images are held out of training (a dataset with domains; the clients
+    split the others, e.g. federation.partition domain_dirichlet) and the server's model is tested on its test
+    images every round (held_out_domain_accuracy)."""
 
 
 def new_client_count(new_clients: float, num_clients: int) -> int:

@@ -324,6 +324,10 @@ def validate(cfg: Config, env: LaunchEnv) -> None:
         new_client_count(cfg.evaluation.new_clients, cfg.federation.num_clients)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    held_out = cfg.evaluation.base_to_novel or cfg.evaluation.held_out_domain is not None
+    if held_out and cfg.federation.partition == "file":
+        raise ConfigError("evaluation.base_to_novel and evaluation.held_out_domain choose the clients' images themselves; "
+                          "they do not combine with federation.partition=file (a split given image by image)")
     if cfg.run.clients_per_step > 1 and cfg.optim.optimizer_state == "shared":
         raise ConfigError("run.clients_per_step > 1 trains clients at once, so no momentum can pass from one to the "
                           "next (optim.optimizer_state=shared); use optim.optimizer_state=client or reset")

@@ -142,13 +142,55 @@ def client_rows(run: Run) -> list[list[str]]:
     if not run.rounds:
         return []
     zero_shot = run.zero_shot.get("zero_shot_client_accuracy") or []
+    new = set(run.rounds[-1].get("new_clients") or [])
     rows = []
     for k in range(len(run.rounds[-1]["client_accuracy"])):
         curve = [r["client_accuracy"][k] for r in run.rounds]
         rows.append([
-            str(k), str(run.train_sizes[k]) if run.train_sizes else "", _pct(zero_shot[k] if k < len(zero_shot) else None),
+            f"{k} (new)" if k in new else str(k), str(run.train_sizes[k]) if run.train_sizes else "",
+            _pct(zero_shot[k] if k < len(zero_shot) else None),
             _pct(curve[-1]), _best_at(curve), str(run.rounds[-1]["selected"][k]),
         ])
+    return rows
+
+
+def protocol_rows(run: Run) -> list[list[str]]:
+    """One row per evaluation protocol the run reports (docs/protocols.md): what it tests on what, its zero-shot
+    value where there is one, its last round's and its best."""
+    if not run.rounds:
+        return []
+    last, zero_shot = run.rounds[-1], run.zero_shot
+    training = [k for k in range(len(last["client_accuracy"])) if k not in set(last.get("new_clients") or [])]
+    covers = f"{len(training)} training client(s)"
+    protocols = [
+        ("personal", f"mean over the {covers}, each on its own test set with its own model",
+         zero_shot.get("zero_shot_client_mean"), "mean_accuracy"),
+        ("personal, weighted", f"the same {covers}, weighted by their test images", zero_shot.get("zero_shot_global"),
+         "weighted_accuracy"),
+        ("global", f"the server's model on the {covers}' test images together", zero_shot.get("zero_shot_global"),
+         "global_accuracy"),
+        ("dual", "harmonic mean of personal and global", None, "dual_accuracy"),
+        ("new clients, as they arrive", f"clients {last.get('new_clients')}, held out of every round",
+         zero_shot.get("zero_shot_new_clients"), "new_client_accuracy"),
+    ]
+    rows = []
+    for name, what, before, key in protocols:
+        values = [r.get(key) for r in run.rounds]
+        if any(v is not None for v in values):
+            rows.append([name, what, _pct(before), _pct(values[-1]), _best_at(values)])
+    adapted = (run.summary or {}).get("new_client_adapted_accuracy")
+    if adapted is not None:
+        rows.append(["new clients, adapted", "after adapting alone on their own train images", "", _pct(adapted), ""])
+    for name in last.get("held_out_accuracy") or {}:
+        values = [(r.get("held_out_accuracy") or {}).get(name) for r in run.rounds]
+        what = "the server's model on the novel classes, with their names" if name == "novel" else \
+            f"the server's model on the held-out {name.split(':', 1)[-1]} domain"
+        rows.append([name, what, _pct((zero_shot.get("zero_shot_held_out") or {}).get(name)), _pct(values[-1]),
+                     _best_at(values)])
+    harmonic = [r.get("base_novel_harmonic") for r in run.rounds]
+    if any(v is not None for v in harmonic):
+        rows.append(["base-novel harmonic", "harmonic mean of personal (base) and novel", "", _pct(harmonic[-1]),
+                     _best_at(harmonic)])
     return rows
 
 
@@ -181,6 +223,10 @@ def markdown(runs: list[Run], pngs: list[Path]) -> str:
         parts.append(f"## {run.name}{status}\n\n`{run.path}`")
         parts.append(table(["client", "train images", "zero-shot", "final", "best @ round", "selected (last round)"],
                            client_rows(run)))
+        protocols = protocol_rows(run)
+        if protocols:
+            parts.append("Evaluation protocols (docs/protocols.md):\n\n" + table(
+                ["protocol", "what is tested", "zero-shot", "final", "best @ round"], protocols))
         metrics = method_metric_rows(run)
         if metrics:  # what the method's server reported (Aggregated.metrics)
             parts.append("Method metrics:\n\n" + table(["metric", "first round", "last round", "min", "max"], metrics))

@@ -39,6 +39,10 @@ CASES = {
     "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],
     # client 3 held out of every round, then adapting alone; the server's model with the clients' mean context
     "fedur-new-clients": ["--evaluation.new_clients", "1", "--method.global_text", "mean"],
+    # base-to-novel: the tiny data's first 3 classes trained, the other 2 tested with their names (a generator
+    # conditioned on the names; FedUR's server model with the clients' mean context)
+    "fedtpg-base-to-novel": ["--method", "FedTPG", "--evaluation.base_to_novel", "true"],
+    "fedur-base-to-novel": ["--evaluation.base_to_novel", "true", "--method.global_text", "mean"],
     # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
     "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",
                                "--evaluation.new_client_labels", "zero_shot", "--evaluation.new_client_epochs", "1"],

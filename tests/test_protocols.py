@@ -1,13 +1,16 @@
 """The evaluation protocols' pieces on hand-written values: the numbers a round reports beside the personal
-mean, how many clients evaluation.new_clients holds out, and what each method says its server's model is
-(Method.global_model). Whole runs: tests/test_methods.py (2 ranks equal 1), tests/test_resume.py."""
+mean, how many clients evaluation.new_clients holds out, what each method says its server's model is
+(Method.global_model), which images base-to-novel and leave-one-domain-out hold out, and the model over
+other classes they are tested with. Whole runs: tests/test_methods.py (2 ranks equal 1), tests/test_resume.py."""
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from fedur.config import new_client_count
+from fedur.data.held_out import HeldOutError, base_classes, hold_out
 from fedur.methods import GDAU, FedOTP, FedPGP, FedTPG, FedUR, GlobalView, PFedPrompt, PromptFL, PromptFolio
 from fedur.metrics import harmonic_mean, pooled
 from fedur.train.round_metrics import RoundOutcome, round_record
@@ -106,3 +109,82 @@ def test_gdau_s_server_model_is_the_classifier_it_fitted():
     W, b = torch.ones(3, 2), torch.zeros(3)
     assert GDAU().global_model(MODEL, view({}, {}, {"W": W, "b": b})[0]).extra == {"gda_W": W, "gda_b": b}
     assert GDAU().global_model(MODEL, view({}, {}, {})[0]).extra == {}  # before the first round: zero-shot CLIP
+
+
+def domains_dataset():
+    """6 classes in 3 domains: train image i has class i % 6 and domain i // 12 (36 images), test the same over 18."""
+    from fedur.data.images import ImageDataset, ImageSplit
+
+    def split(n):
+        index = np.arange(n)
+        return ImageSplit(index % 6, arrays=np.zeros((n, 2, 2, 3), np.uint8) + index[:, None, None, None].astype(np.uint8),
+                          domains=index // (n // 3))
+    names = ["a", "b", "c", "d", "e", "f"]
+    return ImageDataset("toy", names, "a {}.", split(36), split(18), domain_names=["photo", "sketch", "mosaic"])
+
+
+def test_base_to_novel_trains_on_the_first_half_of_the_classes_and_holds_the_novel_test_images_out():
+    data = domains_dataset()
+    protocol = hold_out(data, base_to_novel=True)
+    clients = protocol.dataset
+    assert clients.classnames == ["a", "b", "c"] and base_classes(6) == 3 and base_classes(5) == 3
+    assert set(clients.train.labels.tolist()) == {0, 1, 2} and len(clients.train) == 18  # novel train images gone
+    assert len(clients.test) == 18  # the test split keeps its rows (the image cache's)
+    assert np.array_equal(protocol.client_test_rows, np.flatnonzero(data.test.labels < 3))
+    (novel,) = protocol.held_out
+    assert novel.name == "novel" and novel.classnames == ["d", "e", "f"]
+    assert np.array_equal(novel.rows, np.flatnonzero(data.test.labels >= 3))
+    assert np.array_equal(novel.labels(clients.test.labels), data.test.labels[novel.rows] - 3)  # 0..2 among d, e, f
+
+
+def test_leave_one_domain_out_removes_its_train_images_and_tests_its_test_images_with_the_server_model():
+    data = domains_dataset()
+    protocol = hold_out(data, held_out_domain="sketch")
+    clients = protocol.dataset
+    assert clients.domain_names == ["photo", "mosaic"] and clients.classnames == data.classnames
+    assert len(clients.train) == 24 and set(clients.train.domains.tolist()) == {0, 1}  # mosaic renumbered 2 -> 1
+    assert np.array_equal(clients.train.arrays[:, 0, 0, 0], np.r_[0:12, 24:36])  # the same images, sketch's gone
+    (domain,) = protocol.held_out
+    assert domain.name == "domain:sketch" and np.array_equal(domain.rows, np.arange(6, 12))
+    assert np.array_equal(protocol.client_test_rows, np.r_[0:6, 12:18])
+    assert set(clients.test.domains[domain.rows].tolist()) == {-1}  # no client's domain
+
+    both = hold_out(data, base_to_novel=True, held_out_domain="sketch")
+    novel, domain = both.held_out
+    assert set(both.dataset.test.labels[domain.rows].tolist()) <= {0, 1, 2} and domain.classnames == ["a", "b", "c"]
+    assert not set(novel.rows.tolist()) & set(range(6, 12))  # the novel images of the source domains only
+
+
+@pytest.mark.parametrize("kwargs, message", [({"held_out_domain": "clipart"}, "not one of toy's domains"),
+                                             ({"held_out_domain": "photo"}, None)])
+def test_a_domain_that_is_not_there_is_refused_by_name(kwargs, message):
+    if message is None:
+        assert hold_out(domains_dataset(), **kwargs).held_out[0].name == "domain:photo"
+        return
+    with pytest.raises(HeldOutError, match=message):
+        hold_out(domains_dataset(), **kwargs)
+    plain = domains_dataset()
+    plain.domain_names, plain.train.domains = None, None
+    with pytest.raises(HeldOutError, match="has no domains"):
+        hold_out(plain, held_out_domain="photo")
+
+
+def test_a_model_for_other_classes_is_the_same_model_over_their_names():
+    from fedur.model.classifier import PromptedCLIP
+    from fedur.model.clip import load_clip, zero_shot_weights
+
+    torch.manual_seed(0)
+    clip = load_clip("fedur-tiny", None)
+    names = ["circle", "square", "triangle", "star"]
+    model = PromptedCLIP(clip, names, 4, 2, None, 0.02, 1)
+    model.zero_shot_text = zero_shot_weights(clip, names, "a photo of a {}.", torch.device("cpu"))
+    same = model.for_classes(names, "a photo of a {}.")
+    ctx = torch.randn(model.text_context_shape)
+    assert torch.equal(same.zero_shot_text, model.zero_shot_text) and torch.equal(same.text_features(ctx), model.text_features(ctx))
+    novel = model.for_classes(["heart", "moon"], "a photo of a {}.")
+    assert novel.num_classes == 2 and model.num_classes == 4  # the original keeps its classes
+    assert novel.text_features(ctx).shape == (2, model.feature_dim) and novel.clip is model.clip
+    expected = zero_shot_weights(clip, ["heart", "moon"], "a photo of a {}.", torch.device("cpu"))
+    assert torch.allclose(novel.zero_shot_text, expected, atol=1e-6)
+    assert torch.allclose(novel.name_features(torch.device("cpu")), model.for_classes(["heart", "moon"], "{}").name_features(
+        torch.device("cpu")), atol=1e-6)

@@ -17,6 +17,14 @@ Silhouettes are rendered at 2x and averaged down, so edges are anti-aliased. Sha
 that their areas overlap across classes: no single pixel statistic gives the class away, but a
 small ViT separates them well. Images and labels depend only on the arguments (one
 `np.random.default_rng(seed)` draws every parameter).
+
+`style` draws the same shapes in another look (`STYLES`, the domains of `--dataset SyntheticDomains`):
+
+- "photo": the rendering above (the default; `generate`'s output without a style);
+- "sketch": only the silhouette's outline, about `0.05 * size` wide, in a dark ink on a light plain paper
+  colour: no texture, no noise;
+- "negative": the photo rendering of the same draws, inverted (255 - pixel);
+- "mosaic": the photo rendering of the same draws, averaged over 4x4 pixel blocks and upsampled back.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ CLASSNAMES = ["circle", "square", "triangle", "star", "cross", "ring", "heart", 
 
 SUPERSAMPLE = 2  # fixed: _silhouettes averages 2x2 blocks
 TEXTURES = ("flat", "gradient", "stripes", "blobs")
+STYLES = ("photo", "sketch", "negative", "mosaic")
+MOSAIC_BLOCK = 4  # pixels per side of a mosaic block
 
 
 def _circle(u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -91,16 +101,32 @@ SHAPES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 
 
 def generate(
-    num_classes: int, per_class: int, size: int, seed: int | Sequence[int]
+    num_classes: int, per_class: int, size: int, seed: int | Sequence[int], style: str = "photo"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`per_class` images of each of the first `num_classes` shapes: uint8 (N, size, size, 3) and int64
-    labels (N,), N = num_classes * per_class, labels in blocks (0, 0, ..., 1, 1, ...)."""
+    """`per_class` images of each of the first `num_classes` shapes in `style` (one of `STYLES`): uint8
+    (N, size, size, 3) and int64 labels (N,), N = num_classes * per_class, labels in blocks (0, 0, ..., 1, 1,
+    ...). "photo" is the rendering of the module docstring; "negative" and "mosaic" transform the photo
+    rendering of the same seed, "sketch" draws the same silhouettes' outlines."""
     if not 1 <= num_classes <= len(CLASSNAMES):
         raise ValueError(f"num_classes must be in [1, {len(CLASSNAMES)}], got {num_classes}")
     if per_class < 0 or size < 8:
         raise ValueError(f"need per_class >= 0 and size >= 8, got {per_class} and {size}")
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(num_classes, dtype=np.int64), per_class)  # (N,)
+    if style == "sketch":
+        return _sketch(labels, size, rng), labels
+    images = _photo(labels, size, rng)  # (N, size, size, 3) uint8
+    if style == "negative":
+        images = 255 - images
+    elif style == "mosaic":
+        images = _mosaic(images, MOSAIC_BLOCK)
+    return images, labels
+
+
+def _photo(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """The "photo" rendering: (N, size, size, 3) uint8, every parameter drawn from `rng` in a fixed order."""
     n = len(labels)
     masks = _silhouettes(labels, size, rng)  # (N, size, size) float in [0, 1]
     light = 0.55 + 0.45 * rng.random((n, 3), dtype=np.float32)  # (N, 3)
@@ -113,19 +139,66 @@ def generate(
     pixels = masks[..., None] * fg[:, None, None, :] + (1 - masks[..., None]) * background  # (N, size, size, 3)
     noise_std = rng.uniform(0.0, 0.08, n).astype(np.float32)  # (N,)
     pixels = pixels + noise_std[:, None, None, None] * rng.standard_normal(pixels.shape, dtype=np.float32)
-    images = (np.clip(pixels, 0.0, 1.0) * 255 + 0.5).astype(np.uint8)  # (N, size, size, 3)
-    return images, labels
+    return (np.clip(pixels, 0.0, 1.0) * 255 + 0.5).astype(np.uint8)  # (N, size, size, 3)
+
+
+def _sketch(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """The "sketch" rendering: each silhouette's outline (anti-aliased, about 0.05 * size wide) in a dark
+    ink colour on a light plain paper colour, (N, size, size, 3) uint8."""
+    n = len(labels)
+    shape = _coverage(labels, size, rng)  # (N, hi, hi) bool at SUPERSAMPLE x resolution
+    width = max(2, round(0.05 * size * SUPERSAMPLE))  # line width in supersampled pixels
+    outline = _downsample(shape & ~_erode(shape, width))  # (N, size, size) float in [0, 1]
+    ink = 0.3 * rng.random((n, 3), dtype=np.float32)  # (N, 3) dark
+    paper = 0.85 + 0.15 * rng.random((n, 3), dtype=np.float32)  # (N, 3) light
+    pixels = outline[..., None] * ink[:, None, None, :] + (1 - outline[..., None]) * paper[:, None, None, :]
+    return (np.clip(pixels, 0.0, 1.0) * 255 + 0.5).astype(np.uint8)  # (N, size, size, 3)
+
+
+def _erode(mask: np.ndarray, radius: int) -> np.ndarray:
+    """(N, H, W) bool eroded by a disc of `radius` pixels; outside the image counts as background."""
+    h, w = mask.shape[1:]
+    padded = np.pad(mask, ((0, 0), (radius, radius), (radius, radius)), constant_values=False)
+    eroded = mask.copy()
+    for dy in range(-radius, radius + 1):
+        for dx in range(-radius, radius + 1):
+            if dy * dy + dx * dx <= radius * radius:
+                eroded &= padded[:, radius + dy : radius + dy + h, radius + dx : radius + dx + w]
+    return eroded
+
+
+def _mosaic(images: np.ndarray, block: int) -> np.ndarray:
+    """(N, H, W, 3) uint8 averaged over `block` x `block` pixel blocks (rounded; the last row and column of
+    blocks are smaller when `block` does not divide the side) and upsampled back: constant on each block."""
+    h, w = images.shape[1:3]
+    rows, cols = np.arange(0, h, block), np.arange(0, w, block)
+    sums = np.add.reduceat(np.add.reduceat(images.astype(np.float64), rows, axis=1), cols, axis=2)  # (N, h', w', 3)
+    counts = np.diff(np.append(rows, h))[:, None] * np.diff(np.append(cols, w))[None, :]  # (h', w')
+    means = (sums / counts[None, :, :, None] + 0.5).astype(np.uint8)
+    return means[:, np.arange(h) // block][:, :, np.arange(w) // block]  # (N, H, W, 3)
 
 
 def _silhouettes(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """(N, size, size) coverage of each image's shape after a random similarity transform."""
+    return _downsample(_coverage(labels, size, rng))
+
+
+def _downsample(coverage: np.ndarray) -> np.ndarray:
+    """(N, hi, hi) -> (N, size, size) float32: the mean over each SUPERSAMPLE x SUPERSAMPLE block."""
+    coverage = coverage.astype(np.float32, copy=False)
+    return 0.25 * (coverage[:, 0::2, 0::2] + coverage[:, 1::2, 0::2] + coverage[:, 0::2, 1::2] + coverage[:, 1::2, 1::2])
+
+
+def _coverage(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """(N, hi, hi) bool, hi = SUPERSAMPLE * size: each image's shape after a random similarity transform,
+    sampled at the supersampled pixel centres."""
     n, hi = len(labels), size * SUPERSAMPLE
     centre = (size / 2 + rng.uniform(-0.04, 0.04, (n, 2)) * size).astype(np.float32)  # (N, 2) pixels, (x, y)
     radius = (rng.uniform(0.27, 0.40, n) * size).astype(np.float32)  # (N,)
     theta = rng.uniform(0, 2 * np.pi, n)  # (N,)
     cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)  # (N,) each
     grid = (np.arange(hi, dtype=np.float32) + 0.5) / SUPERSAMPLE  # (hi,) pixel-centre coordinates
-    coverage = np.empty((n, hi, hi), dtype=np.float32)
+    coverage = np.empty((n, hi, hi), dtype=bool)
     for label in np.unique(labels):
         rows = np.flatnonzero(labels == label)
         dx = (grid[None, None, :] - centre[rows, 0, None, None]) / radius[rows, None, None]  # (n_c, 1, hi)
@@ -133,8 +206,7 @@ def _silhouettes(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.
         c, s = cos[rows, None, None], sin[rows, None, None]  # (n_c, 1, 1)
         u, v = c * dx + s * dy, c * dy - s * dx  # (n_c, hi, hi) shape-local coordinates, radius 1
         coverage[rows] = SHAPES[CLASSNAMES[label]](u, v)
-    # (N, hi, hi) -> (N, size, size): mean over each 2x2 block
-    return 0.25 * (coverage[:, 0::2, 0::2] + coverage[:, 1::2, 0::2] + coverage[:, 0::2, 1::2] + coverage[:, 1::2, 1::2])
+    return coverage
 
 
 def _textures(n: int, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -123,6 +123,8 @@ class GlobalView:
     start: dict[str, Tensor]  # every declared piece's initial value (on the CPU)
     client_mean: Callable[[str], Tensor]  # a personal piece's plain mean over the training clients (a collective:
     # every rank asks for the same names in the same order; the hook runs on every rank with the same view)
+    other_classes: bool = False  # the images are classified among classes no client trained on (base-to-novel's
+    # novel ones): the model's class prompts are those classes', and per-class state of the method does not apply
 
 
 @dataclass

@@ -132,8 +132,10 @@ class GDAU(Method):
         return Aggregated(round.current, {**round.state, "W": W, "b": b})
 
     def global_model(self, model: PromptedCLIP, view: GlobalView) -> GlobalModel | None:
-        """The classifier the server fitted (every client holds the same); zero-shot CLIP before the first."""
-        return GlobalModel({}, {"gda_W": view.state["W"], "gda_b": view.state["b"]} if "W" in view.state else {})
+        """The classifier the server fitted (every client holds the same); zero-shot CLIP before the first, and on
+        classes the statistics do not cover (novel ones)."""
+        fitted = "W" in view.state and not view.other_classes
+        return GlobalModel({}, {"gda_W": view.state["W"], "gda_b": view.state["b"]} if fitted else {})
 
     def download(self, client: ClientState, shared: dict[str, Tensor], state: dict[str, Tensor]) -> None:
         if "W" in state:

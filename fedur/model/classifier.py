@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -39,6 +40,7 @@ class PromptedCLIP(nn.Module):
         if n_ctx < 0 or visual_tokens < 0:
             raise ValueError("model.n_ctx and model.visual_tokens must be >= 0")
         self.clip = clip.model
+        self.tokenizer = clip.tokenizer
         self.init_std, self.seed = float(init_std), int(seed)
         text_width = self.clip.token_embedding.weight.shape[1]
         self.text_context_shape = (n_ctx, text_width)
@@ -59,6 +61,27 @@ class PromptedCLIP(nn.Module):
         self.shared_prefix_text = True  # text tower: encode the class-independent prefix once (exact)
         self.normalize: Callable[[Tensor], Tensor] = _identity
         self.zero_shot_text: Tensor | None = None  # (C, D) the template's class features, set by the round loop
+
+    @torch.no_grad()
+    def for_classes(self, classnames: list[str], template: str) -> PromptedCLIP:
+        """This model over other classes (base-to-novel's novel names, another dataset's): the same frozen CLIP
+        and settings, so every piece fits it, with its own class prompts, bare-name tokens and zero-shot class
+        features (`template`), on this model's device. What the server's model is tested with on classes no
+        client trained on (docs/protocols.md)."""
+        other = copy.copy(self)
+        other._modules, other._buffers, other._parameters = dict(self._modules), dict(self._buffers), dict(self._parameters)
+        device = self.text_prompt.prefix.device
+        embedding = nn.Embedding.from_pretrained(self.clip.token_embedding.weight.detach().cpu())  # the tokens are on the CPU
+        other.text_prompt = TextPrompt(embedding, self.tokenizer, classnames, self.text_prompt.ctx.shape[0],
+                                       self.text_prompt.ctx.detach().cpu()).to(device)
+        other.text_prompt.ctx.requires_grad_(False)
+        other.name_tokens = self.tokenizer([name.replace("_", " ") for name in classnames])
+        other._name_features = {}
+        other.host_tokens = other.text_prompt.tokens.cpu().clone()
+        check_shared_prefix(self.clip, 1 + self.text_prompt.ctx.shape[0], other.host_tokens.shape[1])
+        tokens = self.tokenizer([template.format(name) for name in classnames]).to(device)
+        other.zero_shot_text = F.normalize(self.clip.encode_text(tokens).float(), dim=-1)  # as model/clip.py's zero_shot_weights
+        return other
 
     def train(self, mode: bool = True) -> PromptedCLIP:
         super().train(mode)

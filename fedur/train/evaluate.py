@@ -16,10 +16,10 @@ from torchmetrics.functional.classification import multiclass_confusion_matrix
 
 from fedur.data.loaders import in_batches
 from fedur.federated.client import ClientState
-from fedur.methods.base import GlobalView
+from fedur.methods.base import GlobalModel, GlobalView
 
 if TYPE_CHECKING:
-    from fedur.train.rank import Rank
+    from fedur.train.rank import HeldOutSet, Rank
 
 
 @torch.no_grad()
@@ -67,31 +67,41 @@ def evaluate_clients(rank: Rank, zero_shot: bool = False, with_confusion: bool =
     return accuracy, rank.gather(confusions, like=like, what="confusion matrices")
 
 
-def evaluate_global(rank: Rank, shared: dict[str, Tensor], state: dict[str, Tensor],
-                    rows: np.ndarray | None = None) -> Tensor | None:
+def evaluate_global(rank: Rank, shared: dict[str, Tensor] | None, state: dict[str, Tensor],
+                    held_out: HeldOutSet | None = None) -> Tensor | None:
     """(2,) int64 [correct, total] of the server's model (Method.global_model, from the global pieces `shared` and
-    the method's server `state`) on `rows` of the test split (default: the training clients' union,
-    `rank.global_rows`); None when the method has no global model. Without test labels: zeros.
+    the method's server `state`) on the training clients' test images together (`rank.global_rows`), or on a
+    held-out set with its own classes; None when the method has no global model. Without test labels: zeros.
 
     Every rank calls this. The batches are dealt to the ranks in turn (batch b to rank b mod world size) and
-    the counts summed, so each rank does a share of the work and the counts do not depend on the placement."""
-    view = GlobalView(dict(shared), dict(state), rank.start, lambda name: client_mean(rank, name))
-    method, model, fabric = rank.method, rank.model, rank.fabric
-    server_model = method.global_model(model, view)
+    the counts summed, so each rank does a share of the work and the counts do not depend on the placement.
+    `shared` None: zero-shot CLIP instead of the server's model (the reference a held-out set's gain is read from)."""
+    model = rank.model if held_out is None else held_out.model
+    method, fabric = rank.method, rank.fabric
+    if shared is None:
+        server_model = GlobalModel({}, text=model.zero_shot_text)
+    else:
+        view = GlobalView(dict(shared), dict(state), rank.start, lambda name: client_mean(rank, name),
+                          other_classes=model is not rank.model)
+        server_model = method.global_model(model, view)
     if server_model is None:
         return None
     if not rank.dataset.test.labelled:
         return torch.zeros(2, dtype=torch.long, device="cpu")
-    rows = rank.global_rows if rows is None else rows
-    plan = in_batches(rows, rank.work.eval_batch_size)[fabric.global_rank::fabric.world_size]
+    rows = rank.global_rows if held_out is None else held_out.rows
+    labels = rank.dataset.test.labels[rows] if held_out is None else held_out.labels
+    positions = np.arange(len(rows))
+    plan = in_batches(positions, rank.work.eval_batch_size)[fabric.global_rank::fabric.world_size]
     server = ClientState(-1, np.zeros(0, dtype=np.int64), rows, dict(server_model.pieces), extra=dict(server_model.extra))
     server = server.on(fabric.device)
     counts = torch.zeros(2, dtype=torch.long, device="cpu")
     with torch.no_grad(), fabric.autocast():
         text = method.text_side(model, server.pieces) if server_model.text is None else server_model.text
-        for images, batch in zip(rank.images.batches("test", plan), plan):
-            logits = method.logits(model, fabric.to_device(images), server.pieces, text, server, None)
-            truth = torch.from_numpy(rank.dataset.test.labels[batch])
+        for images, batch in zip(rank.images.batches("test", [rows[b] for b in plan]), plan):
+            images = fabric.to_device(images)
+            logits = model.logits(model.image_features(images, prompted=False), text) if shared is None \
+                else method.logits(model, images, server.pieces, text, server, None)
+            truth = torch.from_numpy(labels[batch])
             counts += torch.stack([(logits.float().argmax(dim=-1).cpu() == truth).sum(), torch.tensor(len(batch), device="cpu")])
     return rank.collectives.gather_ranks(counts, what="global accuracy counts").sum(dim=0)
 

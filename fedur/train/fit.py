@@ -94,7 +94,8 @@ def fit(
                               like=torch.tensor(0, device="cpu"), what="train sizes")
     training, num_training = rank.training, int(rank.training.sum())  # the others: evaluation.new_clients
     if resumed is None:
-        recorder.record_zero_shot(evaluate_clients(rank, zero_shot=True)[0], training)
+        recorder.record_zero_shot(evaluate_clients(rank, zero_shot=True)[0], training,
+                                  {held.name: evaluate_global(rank, None, {}, held) for held in rank.held_out})
     else:
         server.load_state_dict(resumed)
         rank.tuner.use_class_weights(None if server.refresh is None else server.refresh.class_weights)
@@ -126,13 +127,14 @@ def fit(
         clock.lap("aggregate")
         accuracy, confusion = evaluate_clients(rank, with_confusion=round_idx == rounds - 1)
         global_counts = evaluate_global(rank, server.shared, server.method) if cfg.evaluation.global_model else None
+        held_counts = {held.name: evaluate_global(rank, server.shared, server.method, held) for held in rank.held_out}
         losses = rank.gather(local_losses, like=torch.zeros(4, dtype=torch.float64, device="cpu"), what="local losses")
         clock.lap("evaluate")
 
         piece_bytes = server.upload_bytes()  # {name: bytes} of one client's upload
         uploads = (weights > 0) * sum(piece_bytes.values()) + (histogram_bytes * training if refreshed else 0)
         outcome = RoundOutcome(round_idx, refreshed, joined, weights, accuracy, losses, uploads, clock.total(), clock.laps,
-                               method.trains, piece_bytes, method_metrics, training, global_counts)
+                               method.trains, piece_bytes, method_metrics, training, global_counts, held_counts)
         recorder.record_round(round_record(outcome, rounds, server.refresh, divergence, history.first_round))
         server.wall_seconds = wall_before + time.perf_counter() - start_time
         marker = checkpoint.Marker(round_idx, fed.num_clients, fabric.world_size, settings,

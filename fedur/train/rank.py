@@ -39,6 +39,16 @@ class LocalWork:
     clients_per_step: int = 1  # clients of a group run in one batch (fixed groups of consecutive ids)
 
 
+@dataclass(frozen=True)
+class HeldOutSet:
+    """Test images no client holds, that the server's model is tested on (fedur/data/held_out.py)."""
+
+    name: str  # "novel", "domain:<name>"
+    rows: np.ndarray  # rows of the test split
+    labels: np.ndarray  # (n,) in the indexing of `model`'s classes
+    model: PromptedCLIP  # the frozen model over the classes these images are classified among (PromptedCLIP.for_classes)
+
+
 @dataclass
 class Rank:
     fabric: Fabric
@@ -54,6 +64,7 @@ class Rank:
     training: Tensor | None = None  # (K,) bool: the clients that take part in rounds (the others: evaluation.new_clients)
     global_rows: np.ndarray | None = None  # the test rows the server's model is tested on: the training clients' union
     # (fedur/train/setup.py; for a rank built by hand, the union of its own clients')
+    held_out: list[HeldOutSet] = field(default_factory=list)  # evaluation.base_to_novel's novel classes, a held-out domain
 
     def __post_init__(self) -> None:
         if self.training is None:

@@ -144,7 +144,7 @@ class Recorder:
             self.note("no test labels: test accuracy (per client and mean), the confusion matrix and the zero-shot "
                       "accuracy are not reported; each client's predictions per image are written to predictions/")
 
-    def record_zero_shot(self, counts: Tensor, training: Tensor | None = None) -> None:
+    def record_zero_shot(self, counts: Tensor, training: Tensor | None = None, held_out: dict[str, Tensor] | None = None) -> None:
         """zero_shot.json from every client's (K, 2) counts with zero-shot CLIP; the means cover the `training`
         clients ((K,) bool; None: all), the new clients' (evaluation.new_clients) come apart."""
         training = torch.ones(len(counts), dtype=torch.bool, device="cpu") if training is None else training
@@ -156,15 +156,18 @@ class Recorder:
             # the training clients' test images pooled: the whole test set when their test sets partition it
             "zero_shot_global": pooled(counts[training]),
             **({"zero_shot_new_clients": mean(new)} if new else {}),
+            **({"zero_shot_held_out": {name: accuracies(c.view(1, 2))[0] for name, c in held_out.items()}} if held_out else {}),
         }
         self._write_json(ZERO_SHOT, self.zero_shot)
         if self.test_labels:
             self.note(
                 f"zero-shot CLIP: client mean {fmt(self.zero_shot['zero_shot_client_mean'])}%, "
                 f"global {self.zero_shot['zero_shot_global']:.2f}%"
+                + "".join(f", {name} {fmt(acc)}%" for name, acc in self.zero_shot.get("zero_shot_held_out", {}).items())
             )
         clients = {f"accuracy/client_{k:03d}": acc for k, acc in enumerate(per_client)}
-        self._scalars({"accuracy/mean": self.zero_shot["zero_shot_client_mean"], **clients}, step=0)
+        held = {f"accuracy/held_out_{name.replace(':', '_')}": acc for name, acc in self.zero_shot.get("zero_shot_held_out", {}).items()}
+        self._scalars({"accuracy/mean": self.zero_shot["zero_shot_client_mean"], **clients, **held}, step=0)
 
     def record_round(self, row: dict) -> None:
         self.rounds.append(row)
@@ -199,6 +202,9 @@ class Recorder:
         for prompt, values in (row.get("prompt_divergence") or {}).items():  # Fig. 2 of the paper
             for name, value in values.items():
                 scalars[f"divergence/{prompt}_{name}"] = value
+        for name, value in (row.get("held_out_accuracy") or {}).items():  # base-to-novel, leave-one-domain-out
+            scalars[f"accuracy/held_out_{name.replace(':', '_')}"] = value
+        scalars["accuracy/base_novel_harmonic"] = row.get("base_novel_harmonic")
         for name, value in (row.get("method") or {}).items():  # the method's own (Aggregated.metrics)
             scalars[f"method/{name}"] = value
         for name, size in (row.get("upload_bytes") or {}).items():
@@ -219,6 +225,8 @@ class Recorder:
             parts.append(f"global {fmt(row['global_accuracy'])}%")
         if self.test_labels and row.get("new_client_accuracy") is not None:
             parts.append(f"new clients {fmt(row['new_client_accuracy'])}%")
+        for name, value in (row.get("held_out_accuracy") or {}).items() if self.test_labels else ():
+            parts.append(f"{name} {fmt(value)}%")
         if row["selected_per_class"] is not None:  # a method with pseudo-labels
             hits = mean(row["pseudo_label_accuracy"])
             parts += ([] if hits is None else [f"pseudo-label acc {fmt(hits)}%"]) + [f"selected {sum(row['selected'])}"]
@@ -270,6 +278,9 @@ class Recorder:
             "global_accuracy": zero_shot.get("zero_shot_global"),
             "dual_accuracy": harmonic_mean(zero_shot.get("zero_shot_client_mean"), zero_shot.get("zero_shot_global")),
             "new_client_accuracy": zero_shot.get("zero_shot_new_clients"),
+            "held_out_accuracy": zero_shot.get("zero_shot_held_out", {}),
+            "base_novel_harmonic": harmonic_mean(zero_shot.get("zero_shot_client_mean"),
+                                                 zero_shot.get("zero_shot_held_out", {}).get("novel")),
         }
         _, at = best([r["mean_accuracy"] for r in self.rounds])
         top = self.rounds[at] if at is not None else {}
@@ -281,6 +292,11 @@ class Recorder:
             "final_dual_accuracy": final.get("dual_accuracy"),
             "new_clients": final.get("new_clients", []),
             "final_new_client_accuracy": final.get("new_client_accuracy"),
+            "final_held_out_accuracy": final.get("held_out_accuracy", {}),
+            "final_novel_accuracy": (final.get("held_out_accuracy") or {}).get("novel"),
+            "final_base_novel_harmonic": final.get("base_novel_harmonic"),
+            "final_held_out_domain_accuracy": next((v for k, v in (final.get("held_out_accuracy") or {}).items()
+                                                    if k.startswith("domain:")), None),
             **self.adapted,
             "best_mean_accuracy": top.get("mean_accuracy"),
             "best_round": top.get("round"),

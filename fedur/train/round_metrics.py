@@ -31,6 +31,7 @@ class RoundOutcome:
     method_metrics: dict[str, float] | None = None  # what the method's aggregate reported
     training: Tensor | None = None  # (K,) bool: the clients that take part in rounds (None: all; else evaluation.new_clients)
     global_counts: Tensor | None = None  # (2,) [correct, total] of the server's model on the training clients' test union
+    held_out_counts: dict[str, Tensor | None] | None = None  # {held-out set: (2,) counts} of the server's model
 
 
 def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, divergence: dict[str, dict],
@@ -50,6 +51,8 @@ def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, di
     personal = mean([acc for acc, t in zip(client_acc, training.tolist()) if t])
     global_acc = None if outcome.global_counts is None else accuracies(outcome.global_counts.view(1, 2))[0]
     new = torch.nonzero(~training).flatten().tolist()
+    held_out = {name: None if counts is None else accuracies(counts.view(1, 2))[0]
+                for name, counts in (outcome.held_out_counts or {}).items()}
     return {
         "round": outcome.round_idx + first_round,
         "rounds": rounds,
@@ -60,6 +63,9 @@ def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, di
         "dual_accuracy": harmonic_mean(personal, global_acc),
         "new_clients": new,  # held out of every round (evaluation.new_clients)
         "new_client_accuracy": mean([client_acc[k] for k in new]) if new else None,  # as they arrive: the shared pieces
+        # the server's model on test images no client holds: {"novel": ..., "domain:<name>": ...} (None: no global model)
+        "held_out_accuracy": held_out,
+        "base_novel_harmonic": harmonic_mean(personal, held_out["novel"]) if "novel" in held_out else None,
         "pseudo_label_accuracy": [None] * num_clients if refresh is None or refresh.label_hits is None
         else accuracies(refresh.label_hits),  # None without train labels
         # % of the images selected at this refresh and the previous one that kept their pseudo-label (no labels needed)

@@ -3,7 +3,7 @@ once into the image cache) and its split across clients, and the state of the cl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -12,6 +12,7 @@ from lightning import Fabric
 from fedur.config import Config, new_client_count
 from fedur.data.cache import CacheOptions, prepare_splits, stderr_progress
 from fedur.data.datasets import DataOptions, ImageDataset, prepare_dataset
+from fedur.data.held_out import hold_out
 from fedur.data.loaders import ImageLoader
 from fedur.data.partition import PartitionError, PartitionSpec, Parts, class_histogram, split_clients
 from fedur.data.split_file import image_ids, keep_rows, left_out_ids, part_ids, read_split_file
@@ -23,7 +24,7 @@ from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
 from fedur.train.module import Optimization, PromptTuner
 from fedur.train.progress import Progress
-from fedur.train.rank import LocalWork, Rank
+from fedur.train.rank import HeldOutSet, LocalWork, Rank
 
 
 class SetupError(ValueError):
@@ -50,7 +51,8 @@ def setup(
     if labeller is not None:
         labeller.bind(cfg.dataset.key)
     with fabric.rank_zero_first():  # rank 0 downloads and decodes, the others then read its copy
-        dataset = load_data(cfg)
+        protocol = hold_out(load_data(cfg), cfg.evaluation.base_to_novel, cfg.evaluation.held_out_domain)
+        dataset = protocol.dataset  # what the clients train on; the held-out test images stay in its test split
         given = read_split_file(fed.partition_file, dataset.train, dataset.test, cfg.dataset.root) \
             if fed.partition == "file" else None  # checked before the model is loaded and any image decoded
         torch.manual_seed(cfg.run.seed)  # a random-init backbone must be the same on every rank
@@ -62,7 +64,13 @@ def setup(
             progress=stderr_progress() if fabric.is_global_zero and cfg.run.progress else None,
         )
     dataset.train, dataset.test = loading.train, loading.test  # without skipped images, rows of the cache
-    if given is None:
+    held_out = [replace(h, rows=keep_rows([h.rows], loading.test_kept)[0]) for h in protocol.held_out]
+    if given is None and protocol.client_test_rows is not None:  # the clients split the test images not held out
+        rows = keep_rows([protocol.client_test_rows], loading.test_kept)[0]
+        train_parts, test_parts = split_clients(partition_spec(cfg), dataset.train, dataset.test.subset(rows), cfg.dataset.key)
+        test_parts = [rows[part] for part in test_parts]
+        shared_test = fed.partition == "clients" and dataset.test.clients is None
+    elif given is None:
         train_parts, test_parts = split_clients(partition_spec(cfg), dataset.train, dataset.test, cfg.dataset.key)
         shared_test = fed.partition == "clients" and dataset.test.clients is None
     else:
@@ -101,8 +109,10 @@ def setup(
                          pin_memory=fabric.device.type == "cuda")
     training = torch.arange(fed.num_clients, device="cpu") < fed.num_clients - new_client_count(cfg.evaluation.new_clients, fed.num_clients)
     global_rows = np.unique(np.concatenate([test_parts[k] for k in range(fed.num_clients) if training[k]]))
+    held = [HeldOutSet(h.name, h.rows, h.labels(dataset.test.labels), model.for_classes(h.classnames, dataset.template)
+                       if h.classnames != dataset.classnames else model) for h in held_out]
     rank = Rank(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start, training,
-                global_rows)
+                global_rows, held)
     return rank, truth, loading.skipped
 
 
