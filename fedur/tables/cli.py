@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_task(grid, args.task, seeds, out, folder, inputs, args.dry_run)
 
     statuses = {s.index: runner.status(s) for s in specs}
-    todo = [s for s in specs if statuses[s.index] != "done"]
+    todo = [s for s in specs if statuses[s.index] != "done" and s.column.runs is None]  # a reading column's: its owner's
     resume = sum(statuses[s.index] == "resume" for s in todo)
     print(f"fedur-tables {grid.name}: {len(specs)} runs ({len({s.row.key for s in specs})} rows x "
           f"{len({s.column.key for s in specs})} columns x {len(seeds)} seeds): {len(specs) - len(todo)} finished, "
@@ -183,6 +183,9 @@ def run_task(grid: Grid, task: int, seeds: list[int], out: Path, folder: Path, i
         print(f"fedur-tables: error: --task {task}: {grid.name} has runs 0-{len(every) - 1}", file=sys.stderr)
         return 2
     spec = every[task]
+    if spec.column.runs is not None:
+        print(f"task {task}: {spec.name} reads the runs of column {spec.column.runs}: nothing to run")
+        return 0
     if runner.status(spec) == "done":
         print(f"task {task}: {spec.name} is finished ({spec.run_dir / 'summary.json'})")
         return 0
@@ -199,7 +202,7 @@ def write_slurm(grid: Grid, args: argparse.Namespace, argv: tuple[list[str], lis
     """<grid>-array.sbatch for the runs not done yet (`statuses`); `argv`: this call's own arguments and
     those after `--`."""
     own, extra = argv
-    todo = [s for s in specs if statuses[s.index] != "done"]
+    todo = [s for s in specs if statuses[s.index] != "done" and s.column.runs is None]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "slurm").mkdir(exist_ok=True)
     (folder / "runs.tsv").write_text(slurm.index_tsv(specs, statuses))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fedur.metrics import round_numbers
 from fedur.plots import band_panels, band_plot, bar_chart, save_figure
-from fedur.tables.grids import Grid, RunSpec
+from fedur.tables.grids import FINAL, Grid, RunSpec
 
 FIGURE3_SETTINGS = ("clients", "join")  # Column.setting prefixes of figure3's columns: clients<K>, join<rate>
 DIVERGENCE = "drift_diversity"  # FedVLS's drift diversity of the clients' updates (fedur/federated/divergence.py)
@@ -24,7 +24,7 @@ def write_figures(grid: Grid, cells: dict, specs: list[RunSpec], folder: Path) -
     for section in dict.fromkeys(c.section for c in grid.columns):
         files += table_bars(grid, cells, section, folder)
     files += figure3(grid, cells, folder)
-    for column in grid.columns:
+    for column in (c for c in grid.columns if c.runs is None):  # a reading column's runs are its owner's
         files += figure2(grid, [s for s in specs if s.column is column], folder)
     return files
 
@@ -50,7 +50,9 @@ def table_bars(grid: Grid, cells: dict, section: str, folder: Path) -> list[Path
             [None if cell is None else cell.std for cell in found],
             [None if cell is None else cell.worst_mean for cell in found],
         )
-    fig = bar_chart(groups, bars, f"{grid.title}\n{section}", "final mean accuracy over clients (%)")
+    personal = all(c.value in (None, FINAL) for c in columns) and all(r.value == FINAL for r in rows)
+    ylabel = "final mean accuracy over clients (%)" if personal else "final accuracy (%), as each column says"
+    fig = bar_chart(groups, bars, f"{grid.title}\n{section}", ylabel)
     keys = [c.key for c in columns]
     return save_figure(fig, folder / f"table-{_stem(keys[0] if len(keys) == 1 else f'{keys[0]}-to-{keys[-1]}')}")
 

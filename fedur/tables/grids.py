@@ -14,7 +14,9 @@ from pathlib import Path
 
 from fedur.data.datasets import dataset_classes
 from fedur.labels import CPL, FPL, CoDPL, CoPL
-from fedur.methods import GDAU, FedCoPL, FedOTP, FedUR, PFedPrompt, PromptFL, PromptProx, ZeroShot
+from fedur.methods import (
+    GDAU, SCAFFOLD, FedCoPL, FedOTP, FedPGP, FedTPG, FedUR, PFedPrompt, PromptFL, PromptFolio, PromptProx, ZeroShot,
+)
 
 
 def _configs() -> Path:
@@ -33,6 +35,25 @@ CONFIGS = _configs()
 # row also shows that figure and compares it with the paper's (Row.paper_basis).
 FINAL = "final_mean_accuracy"
 ZERO_SHOT = "zero_shot_global"
+
+# What each number a cell can show is (summary.json keys; docs/protocols.md): every table says which it shows.
+ACCURACIES = {
+    FINAL: "personal: the mean over the training clients of each one's accuracy on its own test set, with its own model",
+    "final_weighted_accuracy": "personal, weighted: the same clients' test images pooled (the mean weighted by test images)",
+    "final_global_accuracy": "global: the server's model (the method's global_model) on the training clients' test "
+                             "images together",
+    "final_dual_accuracy": "dual: the harmonic mean of personal and global",
+    "final_new_client_accuracy": "new clients, as they arrive: the clients held out of every round, each with the shared "
+                                 "pieces and its personal ones at their initial values, on its own test set (mean)",
+    "new_client_adapted_accuracy": "new clients, adapted: the same after adapting alone on their own train images "
+                                   "(their labeller, local epochs, nothing sent back)",
+    "final_novel_accuracy": "novel: the server's model on the novel classes' test images, classified among the novel "
+                            "names (no client saw a novel image or name)",
+    "final_base_novel_harmonic": "HM: the harmonic mean of base (personal, on the base classes) and novel",
+    "final_held_out_domain_accuracy": "held-out domain: the server's model on the test images of the domain no client "
+                                      "holds",
+    "final_domain_mean": "feature skew: each domain's accuracy as the mean over its clients, then the mean over domains",
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +76,8 @@ class Column:
     setting: str  # paper.py setting key
     flags: tuple[str, ...] = ()
     presets: str = "presets"  # configs/<presets>/<method>.yaml: the baselines' own settings for this column
+    value: str | None = None  # the summary.json key its cells show (ACCURACIES; a.b reads a nested one); None: the row's
+    runs: str | None = None  # the key of the column whose runs its cells read (None: its own runs)
 
 
 @dataclass(frozen=True)
@@ -76,7 +99,8 @@ class Grid:
 
 # fedur's own methods and labellers by key (paper.py's row keys): each class says its table name (`label`) and
 # its published settings (`preset`, configs/presets/<preset>.yaml).
-METHODS = {cls.key: cls for cls in (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU)}
+METHODS = {cls.key: cls for cls in (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU, SCAFFOLD,
+                                    PromptFolio, FedPGP, FedTPG)}
 LABELLERS = {cls.key: cls for cls in (FPL, CPL, CoPL, CoDPL)}
 # Row keys -> the class fedur's --method / --labeller take.
 METHOD_CLASSES = {key: cls.__name__ for key, cls in METHODS.items()}
@@ -213,6 +237,53 @@ DEMO_NOTE = ("demo: configs/smoke.yaml, offline in seconds per run; each seed dr
 # Figure 3 on the demo: 2, 4 (the demo's) and 8 clients, and 8 clients of which a quarter or a half join.
 DEMO_FIGURE3_COLUMNS = figure3_columns("demo", "smoke.yaml", (2, 4, 8), (0.25, 0.5), 8, "demo", "presets/demo")
 
+# The evaluation protocols on the demo (docs/protocols.md): every method with its own labeller. Each protocol's
+# columns read one run per row and seed (Column.runs), each showing another of its numbers (Column.value).
+PROTOCOL_METHODS = ("promptfl", "promptprox", "pfedprompt", "fedotp", "promptfolio", "fedpgp", "fedtpg", "scaffold")
+
+
+def own_row(method: str) -> Row:
+    """A method with its own pseudo-labeller, labelled with both."""
+    cls = METHODS[method]
+    labeller = cls().default_labeller()
+    return method_row(method, None, (cls.label, labeller.label if labeller is not None else "-"))
+
+
+PROTOCOL_ROWS = (ZERO_SHOT_ROW, PAPER_ROWS[1], *(own_row(m) for m in PROTOCOL_METHODS), FEDCOPL_ROW, FEDUR_ROW)
+
+
+def reading(owner: Column, key: str, label: str, value: str) -> Column:
+    """A column showing `value` of `owner`'s runs."""
+    return replace(owner, key=f"{owner.key}-{key}", label=label, value=value, runs=owner.key)
+
+
+DEMO_PROTOCOLS = Column("demo-protocols", "personal", "demo with a 5th client held out (evaluation.new_clients 1)",
+                        "smoke.yaml", "synthetic", "demo-protocols",
+                        ("--federation.num_clients", "5", "--evaluation.new_clients", "1"), "presets/demo")
+DEMO_PROTOCOL_COLUMNS = (
+    DEMO_PROTOCOLS,
+    reading(DEMO_PROTOCOLS, "weighted", "personal (weighted)", "final_weighted_accuracy"),
+    reading(DEMO_PROTOCOLS, "global", "global", "final_global_accuracy"),
+    reading(DEMO_PROTOCOLS, "dual", "dual", "final_dual_accuracy"),
+    reading(DEMO_PROTOCOLS, "arrival", "new client, arriving", "final_new_client_accuracy"),
+    reading(DEMO_PROTOCOLS, "adapted", "new client, adapted", "new_client_adapted_accuracy"),
+)
+DEMO_B2N = Column("demo-base2novel", "base", "demo, base-to-novel: circle ... cross trained, ring ... wave novel",
+                  "smoke.yaml", "synthetic", "demo-base2novel", ("--evaluation.base_to_novel", "true"), "presets/demo")
+DEMO_B2N_COLUMNS = (DEMO_B2N, reading(DEMO_B2N, "novel", "novel", "final_novel_accuracy"),
+                    reading(DEMO_B2N, "hm", "HM", "final_base_novel_harmonic"))
+DEMO_DOMAINS = ("photo", "sketch", "mosaic")  # configs/demo-domains.yaml's
+DEMO_LODO_COLUMNS = tuple(
+    Column(f"demo-lodo-{d}", d, "demo with domains, leave one domain out: the held-out domain's test images",
+           "demo-domains.yaml", "synthetic_domains", f"lodo-{d}", ("--evaluation.held_out_domain", d), "presets/demo",
+           value="final_held_out_domain_accuracy") for d in DEMO_DOMAINS)
+DEMO_SKEW = Column("demo-domains-mean", "mean", "demo with domains, feature skew: 3 domains x 2 clients (Dirichlet within)",
+                   "demo-domains.yaml", "synthetic_domains", "domains", ("--federation.num_clients", "6"), "presets/demo",
+                   value="final_domain_mean")
+DEMO_SKEW_COLUMNS = (*(reading(DEMO_SKEW, d, d, f"final_domain_accuracy.{d}") for d in DEMO_DOMAINS), DEMO_SKEW)
+PROTOCOL_NOTE = ("demo: configs/smoke.yaml (configs/demo-domains.yaml with domains), every method with its own "
+                 "pseudo-labeller; what each column shows is said above the table (docs/protocols.md).")
+
 TABLE1_NOTES = ("Table 1: ViT-B/32, Dirichlet label skew; 10 clients (5 for CUB and UCF101), 20 rounds x 10 local epochs.",)
 
 GRIDS: dict[str, Grid] = {
@@ -262,6 +333,23 @@ GRIDS: dict[str, Grid] = {
     "demo-figure3": Grid(
         "demo-figure3", "Figure 3 on the demo: number of clients and joining rate (β = 0.5)", PAPER_ROWS[1:],
         DEMO_FIGURE3_COLUMNS, ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(DEMO_NOTE,),
+    ),
+    "demo-protocols": Grid(
+        "demo-protocols", "Personal, global, dual, new clients on the demo", PROTOCOL_ROWS, DEMO_PROTOCOL_COLUMNS,
+        ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(PROTOCOL_NOTE,),
+    ),
+    "demo-base2novel": Grid(
+        "demo-base2novel", "Base-to-novel on the demo (FedTPG's table)", PROTOCOL_ROWS,
+        DEMO_B2N_COLUMNS, ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(PROTOCOL_NOTE,),
+    ),
+    "demo-lodo": Grid(
+        "demo-lodo", "Leave-one-domain-out on the demo with domains", PROTOCOL_ROWS,
+        DEMO_LODO_COLUMNS, ("Method", "PL"), average=True, flags=DEMO_FLAGS, uses_data_root=False, notes=(PROTOCOL_NOTE,),
+    ),
+    "demo-table3": Grid(
+        "demo-table3", "Table 3's feature skew on the demo with domains",
+        PROTOCOL_ROWS, DEMO_SKEW_COLUMNS, ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False,
+        notes=(PROTOCOL_NOTE,),
     ),
     "tiny": Grid(
         "tiny", "tiny: the mechanics tests' model and data (does not learn)",
@@ -316,7 +404,12 @@ class RunSpec:
 
     @property
     def cell_dir(self) -> Path:
-        return self.out / self.grid.name / self.column.key / self.row.key
+        return self.out / self.grid.name / (self.column.runs or self.column.key) / self.row.key
+
+    @property
+    def value(self) -> str:
+        """The summary.json key this run's cell shows."""
+        return self.column.value or self.row.value
 
     @property
     def run_dir(self) -> Path:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedur.tables.figures import write_figures
-from fedur.tables.grids import PROTOCOLS, Column, Grid, Row, RunSpec
+from fedur.tables.grids import ACCURACIES, FINAL, PROTOCOLS, Column, Grid, Row, RunSpec
 from fedur.tables.paper import PAPER_AVERAGE, paper_value
-from fedur.tables.runner import extra_flags, read_summary
+from fedur.tables.runner import extra_flags, read_summary, summary_value
 
 MISSING = "—"
 
@@ -92,7 +92,7 @@ def collect(grid: Grid, specs: list[RunSpec]) -> dict[tuple[str, str], Cell]:
         cell = cells[key]
         cell.seeds.append(spec.seed)
         summary = read_summary(spec.run_dir)
-        value = summary.get(spec.row.value) if summary else None
+        value = summary_value(summary, spec.value) if summary else None
         if not isinstance(value, (int, float)):
             cell.missing.append(spec)
             continue
@@ -100,8 +100,9 @@ def collect(grid: Grid, specs: list[RunSpec]) -> dict[tuple[str, str], Cell]:
         if spec.row.paper_basis and isinstance(summary.get(spec.row.paper_basis), (int, float)):
             cell.basis[spec.seed] = float(summary[spec.row.paper_basis])
         clients = summary.get("final_client_accuracy") or summary.get("zero_shot_client_accuracy") or []
-        measured = [c for c in clients if c is not None]  # a client without test images has no accuracy
-        if measured:
+        new = set(summary.get("new_clients") or [])
+        measured = [c for k, c in enumerate(clients) if c is not None and k not in new]  # a client without test images: none
+        if measured and spec.value == FINAL:  # the worst client: of the personal protocol
             cell.worst[spec.seed] = float(min(measured))
         for name, target in (("final_mean_accuracy", cell.client_mean), ("zero_shot_global", cell.zero_shot_global),
                              ("zero_shot_client_mean", cell.zero_shot_client_mean),
@@ -166,12 +167,23 @@ LEGEND = ("Each cell: the final accuracy as a mean over the clients of each clie
           "set, the paper's zero-shot protocol, which its Δ compares with.")
 
 
+PROTOCOL_LEGEND = ("Each cell: the number its column shows (below), mean ± sample standard deviation over the seeds "
+                   "([n/N seeds] when some are missing) · worst (personal columns): the worst training client's final "
+                   "accuracy, mean over the seeds (min over the seeds). Columns that read the same runs show other "
+                   "numbers of each run.")
+
+
 def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) -> str:
-    done = sum(c.n for c in cells.values())
+    runs = {s.run_dir for s in specs}  # columns that read another's runs share them
+    done = sum((run / "summary.json").is_file() for run in runs)
+    shown = list(dict.fromkeys(s.value.split(".")[0] for s in specs))
     lines = [f"# {grid.title}", "",
-             f"`fedur-tables {grid.name}`, seeds {', '.join(map(str, seeds))}: {done} of {len(specs)} runs finished.", "",
-             LEGEND, "", f"Protocol: {PROTOCOLS[grid.protocol]}.", ""]
-    finished = [s for s in specs if (s.run_dir / "summary.json").is_file()]
+             f"`fedur-tables {grid.name}`, seeds {', '.join(map(str, seeds))}: {done} of {len(runs)} runs finished.", "",
+             LEGEND if shown == [FINAL] else PROTOCOL_LEGEND, "", f"Protocol: {PROTOCOLS[grid.protocol]}.", ""]
+    if shown != [FINAL]:  # a table of other numbers than the personal mean says which each column shows
+        lines += ["What the cells show:", *(f"- {', '.join(c.label for c in grid.columns if (c.value or FINAL).split('.')[0] == key)}"
+                                            f": {ACCURACIES.get(key, key)}" for key in shown), ""]
+    finished = list({s.run_dir: s for s in specs if (s.run_dir / "summary.json").is_file()}.values())
     extras: dict[str, list[RunSpec]] = {}
     for spec in finished:
         extras.setdefault(extra_flags(spec.log), []).append(spec)
@@ -259,7 +271,8 @@ def long_csv(grid: Grid, cells: dict) -> str:
                      "client_mean", "zero_shot_global", "zero_shot_client_mean", "best_mean", "missing_seeds"])
     for cell in cells.values():
         writer.writerow([
-            grid.name, cell.row.key, cell.column.key, cell.column.dataset, cell.column.setting, cell.row.value,
+            grid.name, cell.row.key, cell.column.key, cell.column.dataset, cell.column.setting,
+            cell.column.value or cell.row.value,
             *(num(getattr(cell, a)) for a in CELL_FIELDS.values()),
             " ".join(map(str, cell.seeds)), " ".join(f"{cell.value[s]:.4f}" for s in sorted(cell.value)),
             num(mean(list(cell.client_mean.values()))), num(mean(list(cell.zero_shot_global.values()))),

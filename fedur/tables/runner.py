@@ -288,11 +288,19 @@ def execute(specs: list[RunSpec], inputs: Inputs, jobs: int = 1, echo=print) -> 
     return outcomes
 
 
+def summary_value(summary: dict, key: str):
+    """summary.json's `key`; "a.b" reads summary["a"]["b"] (final_domain_accuracy.photo)."""
+    value = summary
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def result_text(spec: RunSpec) -> str:
     summary = read_summary(spec.run_dir)
     if not summary:
         return ""
-    value = summary.get(spec.row.value)
+    value = summary_value(summary, spec.value)
     clients = summary.get("final_client_accuracy") or summary.get("zero_shot_client_accuracy") or []
     worst = f", worst client {min(clients):.2f}%" if clients else ""
     return f"  {value:.2f}%{worst}" if isinstance(value, (int, float)) else ""
