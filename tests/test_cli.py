@@ -239,3 +239,12 @@ def test_check_data_prints_counts_and_trains_nothing(tmp_path, run_main):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
     missing = run_main("--config", "configs/tiny.yaml", "--dataset", "CUB", "--dataset.root", str(tmp_path / "nope"), "--check_data")
     assert missing.returncode == 2 and str(tmp_path / "nope") in missing.stderr
+
+
+@pytest.mark.parametrize("flags", [[], ["--method", "PFedPrompt", "--method.cache_shots", "null", "--run.threads", "null"]])
+def test_the_config_yaml_a_run_writes_reads_back_as_the_same_settings(tmp_path, flags):
+    """config.yaml is the run's settings: a null in it (tiny's model.pretrained) must not read back as the default."""
+    cfg, config_yaml = parse_config(["--config", "configs/tiny.yaml", *flags])
+    (tmp_path / "config.yaml").write_text(config_yaml)
+    again, _ = parse_config(["--config", str(tmp_path / "config.yaml")])
+    assert again.settings == cfg.settings and again.model.pretrained is None
