@@ -15,7 +15,18 @@ from pathlib import Path
 from fedur.data.datasets import dataset_classes
 from fedur.labels import CPL, FPL, CoDPL, CoPL
 from fedur.methods import (
-    GDAU, SCAFFOLD, FedCoPL, FedOTP, FedPGP, FedTPG, FedUR, PFedPrompt, PromptFL, PromptFolio, PromptProx, ZeroShot,
+    GDAU,
+    SCAFFOLD,
+    FedCoPL,
+    FedOTP,
+    FedPGP,
+    FedTPG,
+    FedUR,
+    PFedPrompt,
+    PromptFL,
+    PromptFolio,
+    PromptProx,
+    ZeroShot,
 )
 
 
