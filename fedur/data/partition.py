@@ -379,7 +379,7 @@ def _split_by_domain(spec: PartitionSpec, train: ImageSplit, test: ImageSplit, s
     """domain and domain_dirichlet: the checks that need the domains, then the split."""
     if train.domains is None or test.domains is None:
         raise PartitionError(
-            f"federation.partition={spec.scheme} needs a dataset with domains (domainnet, officehome); this one "
+            f"federation.partition={spec.scheme} needs a dataset with domains (domainnet, officehome, synthetic_domains); this one "
             "has none: use dirichlet, quantity or iid"
         )
     if spec.scheme == "domain":
