@@ -43,6 +43,11 @@ CASES = {
     # conditioned on the names; FedUR's server model with the clients' mean context)
     "fedtpg-base-to-novel": ["--method", "FedTPG", "--evaluation.base_to_novel", "true"],
     "fedur-base-to-novel": ["--evaluation.base_to_novel", "true", "--method.global_text", "mean"],
+    # leave-one-domain-out: photo and sketch over 2 clients each, mosaic's test images for the server's model only
+    "promptfl-held-out-domain": ["--method", "PromptFL", "--dataset", "SyntheticDomains", "--dataset.classes", "5",
+                                 "--dataset.train_per_class", "12", "--dataset.test_per_class", "4",
+                                 "--dataset.domains", "[photo, sketch, mosaic]", "--federation.partition", "domain_dirichlet",
+                                 "--federation.clients_per_domain", "2", "--evaluation.held_out_domain", "mosaic"],
     # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
     "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",
                                "--evaluation.new_client_labels", "zero_shot", "--evaluation.new_client_epochs", "1"],
@@ -158,3 +163,25 @@ def test_where_every_piece_is_shared_the_server_model_is_every_clients_so_global
         assert row["global_accuracy"] == pytest.approx(row["weighted_accuracy"], abs=1.0)  # 1 of 100 test images
         assert row["dual_accuracy"] == pytest.approx(2 * row["mean_accuracy"] * row["global_accuracy"]
                                                      / (row["mean_accuracy"] + row["global_accuracy"]))
+
+
+def test_a_held_out_domain_is_no_clients_and_is_tested_with_the_server_model(runs):
+    run_dir = runs / "promptfl-held-out-domain-1"
+    partition, summary = (json.loads((run_dir / name).read_text()) for name in ("partition.json", "summary.json"))
+    assert sum(partition["train_sizes"]) == 2 * 5 * 12 and sum(partition["test_sizes"]) == 2 * 5 * 4  # photo, sketch
+    assert set(summary["final_domain_accuracy"]) == {"photo", "sketch"}
+    assert all(set(r["held_out_accuracy"]) == {"domain:mosaic"} for r in read_rounds(run_dir))
+    assert summary["final_held_out_domain_accuracy"] == summary["final_held_out_accuracy"]["domain:mosaic"]
+    assert isinstance(summary["zero_shot_held_out"]["domain:mosaic"], float)
+
+
+def test_base_to_novel_trains_on_base_classes_and_tests_the_novel_ones_with_their_names(runs):
+    for name in ("fedtpg-base-to-novel", "fedur-base-to-novel"):
+        partition = json.loads((runs / f"{name}-1" / "partition.json").read_text())
+        assert partition["classnames"] == ["circle", "square", "triangle"]  # tiny's 5 shapes: 3 base, 2 novel
+        assert all(len(row) == 3 for row in partition["train"]) and sum(partition["train_sizes"]) == 3 * 60
+        rows = read_rounds(runs / f"{name}-1")
+        novel = [r["held_out_accuracy"]["novel"] for r in rows]
+        assert all(isinstance(v, float) for v in novel)
+        assert rows[-1]["base_novel_harmonic"] == pytest.approx(2 * rows[-1]["mean_accuracy"] * novel[-1]
+                                                               / (rows[-1]["mean_accuracy"] + novel[-1]))
