@@ -150,7 +150,7 @@ def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = No
         raise ArgumentError(None, explain(str(err), sys.argv[1:] if argv is None else argv)) from err
     keys = (*PLUGINS, *GROUPS)
     resolved = Namespace({name: namespace[name] for name in keys})
-    config_yaml = parser.dump(resolved, skip_none=False)  # a null (model.pretrained: null) must stay null when read back
+    config_yaml = parser.dump(resolved, skip_unset=False)  # a null (model.pretrained: null) must stay null when read back
     objects = instantiate(parser, resolved)
     settings = {name: _plain(resolved[name]) for name in keys}
     for name in PLUGINS:  # one name per class however it was spelled (FedUR, fedur.methods.fedur.FedUR, ...)

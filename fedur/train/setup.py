@@ -168,4 +168,14 @@ def describe(rank: Rank, cfg: Config) -> str:
         f"{fed.num_clients} clients on {rank.fabric.world_size} rank(s), {fed.partition} split, "
         f"{fed.rounds} rounds x {fed.local_epochs} local epochs, method {rank.method.key} with labeller "
         f"{'none' if labeller is None else labeller.describe()}, device {rank.fabric.device}"
+        + "".join(f"; {part}" for part in protocol_parts(rank))
     )
+
+
+def protocol_parts(rank: Rank) -> list[str]:
+    """What the evaluation protocols hold out (docs/protocols.md), for the run's first line."""
+    parts = [f"new clients {', '.join(map(str, rank.new_clients))} (held out of every round)"] if rank.new_clients else []
+    for held in rank.held_out:
+        classes = f", among {held.model.num_classes} other classes" if held.model is not rank.model else ""
+        parts.append(f"held out for the server's model: {held.name} ({len(held.rows)} test images{classes})")
+    return parts
