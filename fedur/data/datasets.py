@@ -50,7 +50,6 @@ __all__ = [
     "ImageFolder",
     "ImageSplit",
     "Synthetic",
-    "SyntheticDomains",
     "dataset_classes",
     "load_imagefolder",
     "prepare_dataset",
@@ -317,67 +316,6 @@ class Synthetic(Dataset):
             splits[split] = ImageSplit(labels, arrays=images)
         names = synthetic.CLASSNAMES[: self.classes]
         return ImageDataset("synthetic", names, DEFAULT_TEMPLATE, splits["train"], splits["test"])
-
-
-class SyntheticDomains(Dataset):
-    """Generated shapes in four styles, one domain each, drawn from the seed: feature skew on CPU.
-
-    The first `classes` shapes of `fedur.data.synthetic`, drawn as a photo (Synthetic's rendering), a sketch
-    (the outline only, dark on a light plain background), a negative (the photo's colours inverted) and a
-    mosaic (the photo in 4x4 pixel blocks). Every sample carries its domain (federation.partition domain or
-    domain_dirichlet). A domain's train split comes from the stream (seed, 0, d), its test split from (seed,
-    1, d), d its place in photo, sketch, negative, mosaic: a domain has the same images whichever domains are
-    loaded.
-
-    Args:
-        classes: Number of classes (shapes), 2 to 10.
-        train_per_class: Train images per class and domain.
-        test_per_class: Test images per class and domain.
-        image_size: Side of the generated images in pixels.
-        domains: The domains to load, in this order (null: all: photo, sketch, negative, mosaic).
-    """
-
-    key = "synthetic_domains"
-    DOMAINS: ClassVar[tuple[str, ...]] = synthetic.STYLES
-
-    def __init__(
-        self, classes: int = 10, train_per_class: PositiveInt = 60, test_per_class: PositiveInt = 20,
-        image_size: PositiveInt = 32, domains: list[str] | None = None,
-    ):
-        # plain ints: jsonargparse's restricted int types would promote NumPy's float32 arithmetic to float64
-        self.classes, self.train_per_class, self.test_per_class = int(classes), int(train_per_class), int(test_per_class)
-        self.image_size = int(image_size)
-        self.domains = None if domains is None else list(domains)
-
-    def chosen_domains(self) -> list[str]:
-        """The domains to load, in the requested order (all when `domains` is None); unknown names refused."""
-        from fedur.data.domains import select_domains  # domains.py imports this module
-
-        return select_domains(self.domains, list(self.DOMAINS), self.key)
-
-    def check(self) -> None:
-        if not 2 <= self.classes <= len(synthetic.CLASSNAMES):
-            raise DataUnavailableError(f"dataset.classes must be in [2, {len(synthetic.CLASSNAMES)}]")
-        self.chosen_domains()
-
-    def load(self, seed: int) -> ImageDataset:
-        self.check()
-        chosen = self.chosen_domains()
-        splits = {}
-        for stream, (split, per_class) in enumerate((("train", self.train_per_class), ("test", self.test_per_class))):
-            images, labels, domains = [], [], []
-            for position, domain in enumerate(chosen):
-                drawn, drawn_labels = synthetic.generate(
-                    self.classes, per_class, self.image_size, seed=(seed, stream, self.DOMAINS.index(domain)),
-                    style=domain,
-                )
-                images.append(drawn)
-                labels.append(drawn_labels)
-                domains.append(np.full(len(drawn_labels), position, dtype=np.int64))
-            splits[split] = ImageSplit(np.concatenate(labels), arrays=np.concatenate(images),
-                                       domains=np.concatenate(domains))
-        names = synthetic.CLASSNAMES[: self.classes]
-        return ImageDataset(self.key, names, DEFAULT_TEMPLATE, splits["train"], splits["test"], chosen)
 
 
 def read_classnames(path: str, current: list[str]) -> list[str]:

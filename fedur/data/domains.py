@@ -1,4 +1,5 @@
-"""Multi-domain datasets for feature skew: DomainNet and OfficeHome.
+"""Multi-domain datasets for feature skew: DomainNet and OfficeHome, and SyntheticDomains (the demo's shapes in
+four styles, generated: feature skew and leave-one-domain-out on CPU).
 
 Every sample carries the index of its domain (`ImageSplit.domains`, into `ImageDataset.domain_names`),
 which the domain partitions read. `dataset.domains` selects and orders the domains; labels do not depend
@@ -9,15 +10,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
-from jsonargparse.typing import OpenUnitInterval
+from jsonargparse.typing import OpenUnitInterval, PositiveInt
 
-from fedur.data.datasets import Dataset
+import fedur.data.synthetic as synthetic
+from fedur.data.datasets import DEFAULT_TEMPLATE, Dataset
 from fedur.data.images import (
     DataUnavailableError,
     ImageDataset,
+    ImageSplit,
     check_every_class,
     check_images_exist,
     image_files,
@@ -245,3 +248,62 @@ def stratified_holdout(groups: np.ndarray, fraction: float, seed: int) -> np.nda
         count = 0 if n == 1 else min(max(int(np.floor(fraction * n + 0.5)), 1), n - 1)
         held[rng.permutation(members)[:count]] = True
     return held
+
+
+class SyntheticDomains(Dataset):
+    """Generated shapes in four styles, one domain each, drawn from the seed: feature skew on CPU.
+
+    The first `classes` shapes of `fedur.data.synthetic`, drawn as a photo (Synthetic's rendering), a sketch
+    (the outline only, dark on a light plain background), a negative (the photo's colours inverted) and a
+    mosaic (the photo in 4x4 pixel blocks). Every sample carries its domain (federation.partition domain or
+    domain_dirichlet). A domain's train split comes from the stream (seed, 0, d), its test split from (seed,
+    1, d), d its place in photo, sketch, negative, mosaic: a domain has the same images whichever domains are
+    loaded.
+
+    Args:
+        classes: Number of classes (shapes), 2 to 10.
+        train_per_class: Train images per class and domain.
+        test_per_class: Test images per class and domain.
+        image_size: Side of the generated images in pixels.
+        domains: The domains to load, in this order (null: all: photo, sketch, negative, mosaic).
+    """
+
+    key = "synthetic_domains"
+    DOMAINS: ClassVar[tuple[str, ...]] = synthetic.STYLES
+
+    def __init__(
+        self, classes: int = 10, train_per_class: PositiveInt = 60, test_per_class: PositiveInt = 20,
+        image_size: PositiveInt = 32, domains: list[str] | None = None,
+    ):
+        # plain ints: jsonargparse's restricted int types would promote NumPy's float32 arithmetic to float64
+        self.classes, self.train_per_class, self.test_per_class = int(classes), int(train_per_class), int(test_per_class)
+        self.image_size = int(image_size)
+        self.domains = None if domains is None else list(domains)
+
+    def chosen_domains(self) -> list[str]:
+        """The domains to load, in the requested order (all when `domains` is None); unknown names refused."""
+        return select_domains(self.domains, list(self.DOMAINS), self.key)
+
+    def check(self) -> None:
+        if not 2 <= self.classes <= len(synthetic.CLASSNAMES):
+            raise DataUnavailableError(f"dataset.classes must be in [2, {len(synthetic.CLASSNAMES)}]")
+        self.chosen_domains()
+
+    def load(self, seed: int) -> ImageDataset:
+        self.check()
+        chosen = self.chosen_domains()
+        splits = {}
+        for stream, (split, per_class) in enumerate((("train", self.train_per_class), ("test", self.test_per_class))):
+            images, labels, domains = [], [], []
+            for position, domain in enumerate(chosen):
+                drawn, drawn_labels = synthetic.generate(
+                    self.classes, per_class, self.image_size, seed=(seed, stream, self.DOMAINS.index(domain)),
+                    style=domain,
+                )
+                images.append(drawn)
+                labels.append(drawn_labels)
+                domains.append(np.full(len(drawn_labels), position, dtype=np.int64))
+            splits[split] = ImageSplit(np.concatenate(labels), arrays=np.concatenate(images),
+                                       domains=np.concatenate(domains))
+        names = synthetic.CLASSNAMES[: self.classes]
+        return ImageDataset(self.key, names, DEFAULT_TEMPLATE, splits["train"], splits["test"], chosen)

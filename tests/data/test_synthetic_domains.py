@@ -6,7 +6,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from fedur.data.datasets import DataOptions, DataUnavailableError, SyntheticDomains, dataset_classes, prepare_dataset
+from fedur.data.datasets import DataOptions, DataUnavailableError, dataset_classes, prepare_dataset
+from fedur.data.domains import SyntheticDomains
 from fedur.data.synthetic import STYLES, generate
 
 DOMAINS = ["photo", "sketch", "negative", "mosaic"]
