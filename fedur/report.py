@@ -147,7 +147,7 @@ def client_rows(run: Run) -> list[list[str]]:
     for k in range(len(run.rounds[-1]["client_accuracy"])):
         curve = [r["client_accuracy"][k] for r in run.rounds]
         rows.append([
-            f"{k} (new)" if k in new else str(k), str(run.train_sizes[k]) if run.train_sizes else "",
+            f"{k} (new)" if k in new else str(k), str(run.train_sizes[k]) if k < len(run.train_sizes or []) else "",
             _pct(zero_shot[k] if k < len(zero_shot) else None),
             _pct(curve[-1]), _best_at(curve), str(run.rounds[-1]["selected"][k]),
         ])
@@ -255,7 +255,32 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         path = out / f"accuracy_clients_{re.sub(r'[^A-Za-z0-9._-]+', '_', run.name)}.png"
         save(line_plot(series, f"{run.name}: accuracy of each client on its own test set", "round", "accuracy (%)"), path)
         files.append(path)
+        protocols = protocol_series(run)
+        if len(protocols) > 1:  # the personal mean and at least one other protocol
+            path = out / f"accuracy_protocols_{re.sub(r'[^A-Za-z0-9._-]+', '_', run.name)}.png"
+            save(line_plot(protocols, f"{run.name}: the evaluation protocols (docs/protocols.md)", "round", "accuracy (%)"), path)
+            files.append(path)
     return files
+
+
+def protocol_series(run: Run) -> dict[str, tuple[list[int], list[float | None]]]:
+    """Each protocol's curve over the rounds (0: zero-shot CLIP where it has a value), for those the run reports."""
+    zero_shot = run.zero_shot
+    series = {
+        "personal": (zero_shot.get("zero_shot_client_mean"), "mean_accuracy"),
+        "global": (zero_shot.get("zero_shot_global"), "global_accuracy"),
+        "dual": (None, "dual_accuracy"),
+        "new clients, arriving": (zero_shot.get("zero_shot_new_clients"), "new_client_accuracy"),
+    }
+    out = {}
+    for name, (before, key) in series.items():
+        values = [r.get(key) for r in run.rounds]
+        if any(v is not None for v in values):
+            out[name] = run.curve([before, *values])
+    for name in (run.rounds[-1].get("held_out_accuracy") or {}) if run.rounds else ():
+        before = (zero_shot.get("zero_shot_held_out") or {}).get(name)
+        out[name] = run.curve([before, *((r.get("held_out_accuracy") or {}).get(name) for r in run.rounds)])
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,7 @@ PAPER = [p for p in CONFIGS if "paper" in p.relative_to(REPO / "configs").parts]
 DOMAINS = {"domainnet": 6, "officehome": 4}
 # the paper's datasets, each with a main config: fedur's own but folders of your own (one set, or one per client) and generated shapes
 DATASETS = sorted(key for key, cls in dataset_classes().items()
-                  if cls.__module__.startswith("fedur.") and key not in ("imagefolder", "clientfolders", "synthetic"))
+                  if cls.__module__.startswith("fedur.") and key not in ("imagefolder", "clientfolders", "synthetic", "synthetic_domains"))
 TABLES = {"table1": 12, "table2": 6, "table3": 2, "table4": 2, "table5": 2, "table8": 4}
 
 

@@ -145,6 +145,34 @@ def test_report_of_real_runs_written_by_fedur(tmp_path):
     markdown = (out / "report.md").read_text()
     assert "| fedur | synthetic | dirichlet (beta 0.5) | 4 | 2/2 |" in markdown
     assert "| fedcopl | synthetic |" in markdown and markdown.count("| complete |") == 2
-    assert sorted(p.name for p in out.glob("*.png")) == [
+    assert sorted(p.name for p in out.glob("*.png")) == [  # the protocols' curves: personal, global, dual
         "accuracy_clients_fedcopl.png", "accuracy_clients_fedur.png", "accuracy_mean.png",
+        "accuracy_protocols_fedcopl.png", "accuracy_protocols_fedur.png",
     ]
+
+
+def test_report_of_the_evaluation_protocols(tmp_path):
+    """A run with a new client, the global model and base-to-novel: their table and their curves."""
+    run = tmp_path / "protocols"
+    write_run(run, [[60.0, 80.0, 30.0], [70.0, 90.0, 35.0]], [50.0, 70.0, 40.0], summary=True)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row, (personal, global_acc, novel) in zip(rows, ((70.0, 65.0, 55.0), (80.0, 76.0, 60.0))):
+        row.update(mean_accuracy=personal, selected=[40, 30, 0], weighted_accuracy=personal + 1, global_accuracy=global_acc,
+                   dual_accuracy=2 * personal * global_acc / (personal + global_acc), new_clients=[2],
+                   new_client_accuracy=row["client_accuracy"][2], held_out_accuracy={"novel": novel},
+                   base_novel_harmonic=2 * personal * novel / (personal + novel))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "zero_shot_global": 58.0, "zero_shot_new_clients": 40.0,
+                                                  "new_client_adapted_accuracy": 45.0, "zero_shot_held_out": {"novel": 50.0}}))
+    main([str(run), "--out", str(tmp_path / "report")])
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| 2 (new) |" in text
+    assert "| personal | mean over the 2 training client(s), each on its own test set with its own model |" in text
+    assert "| global | the server's model on the 2 training client(s)' test images together | 58.00 | 76.00 | 76.00 @ 2 |" in text
+    assert "| new clients, as they arrive | clients [2], held out of every round | 40.00 | 35.00 | 35.00 @ 2 |" in text
+    assert "| new clients, adapted | after adapting alone on their own train images |  | 45.00 |  |" in text
+    assert "| novel | the server's model on the novel classes, with their names | 50.00 | 60.00 | 60.00 @ 2 |" in text
+    assert "| base-novel harmonic |" in text
+    with Image.open(tmp_path / "report" / "accuracy_protocols_protocols.png") as image:
+        assert image.format == "PNG" and image.width > 600
