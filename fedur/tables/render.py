@@ -45,6 +45,7 @@ class Cell:
     best_mean: dict[int, float] = field(default_factory=dict)
     basis: dict[int, float] = field(default_factory=dict)  # seed -> the value the paper's number compares with
     missing: list[RunSpec] = field(default_factory=list)
+    absent: list[int] = field(default_factory=list)  # seeds whose finished run has no such number (n/a)
     paper: float | None = None
 
     @property
@@ -93,11 +94,14 @@ def collect(grid: Grid, specs: list[RunSpec]) -> dict[tuple[str, str], Cell]:
         cell.seeds.append(spec.seed)
         summary = read_summary(spec.run_dir)
         value = summary_value(summary, spec.value) if summary else None
+        if summary and value is None:  # finished, without this number (a training-free method's adapted new client)
+            cell.absent.append(spec.seed)
+            continue
         if not isinstance(value, (int, float)):
             cell.missing.append(spec)
             continue
         cell.value[spec.seed] = float(value)
-        if spec.row.paper_basis and isinstance(summary.get(spec.row.paper_basis), (int, float)):
+        if spec.row.paper_basis and spec.value == FINAL and isinstance(summary.get(spec.row.paper_basis), (int, float)):
             cell.basis[spec.seed] = float(summary[spec.row.paper_basis])
         clients = summary.get("final_client_accuracy") or summary.get("zero_shot_client_accuracy") or []
         new = set(summary.get("new_clients") or [])
@@ -121,7 +125,9 @@ def fmt(value: float | None, signed: bool = False) -> str:
 def cell_text(cell: Cell | None) -> str:
     if cell is None:
         return ""
-    if cell.mean is None:
+    if cell.mean is None and cell.absent and not cell.missing:
+        text = "n/a"  # the runs finished and do not have this number
+    elif cell.mean is None:
         text = f"{MISSING} (0/{len(cell.seeds)})"
     else:
         text = fmt(cell.mean) + (f" ± {fmt(cell.std)}" if cell.std is not None else "")
@@ -129,7 +135,7 @@ def cell_text(cell: Cell | None) -> str:
             text += f" [{cell.n}/{len(cell.seeds)} seeds]"
         if cell.worst:
             text += f" · worst {fmt(cell.worst_mean)} ({fmt(cell.worst_min)})"
-        if cell.row.paper_basis:
+        if cell.row.paper_basis and cell.basis:
             text += f" · whole test set {fmt(cell.basis_mean)}"
     if cell.paper is not None:
         text += f" · paper {fmt(cell.paper)}" + (f" (Δ {fmt(cell.diff, signed=True)})" if cell.diff is not None else "")
