@@ -48,11 +48,13 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
     run_dir = Path(run_dir).expanduser().resolve()
     committed = checkpoint.latest(run_dir)
     summary_file, config = run_dir / "summary.json", run_dir / "config.yaml"
-    if committed is None or not config.is_file():
-        raise CrossDatasetError(f"{run_dir} holds no committed round and config.yaml: give the directory of a fedur run")
+    if not config.is_file():
+        raise CrossDatasetError(f"{run_dir} holds no config.yaml: give the directory of a fedur run")
     if not summary_file.is_file():
         raise CrossDatasetError(f"{run_dir} has not finished (no summary.json): finish or resume it first")
     summary = json.loads(summary_file.read_text())
+    if committed is None and summary.get("rounds_completed"):
+        raise CrossDatasetError(f"{run_dir} holds no committed round: its checkpoints were removed")
     trained_on = json.loads((run_dir / "partition.json").read_text())["classnames"]
     cfg, _ = parse_config(["--config", str(config), "--data.classnames_file", "null", "--data.template", "null",
                            "--data.test_fraction", "1.0", *settings])
@@ -74,10 +76,11 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
 
     method = cfg.method
     start = initial_values(method.pieces(), model, cfg.run.seed)
-    server = checkpoint.load(committed.folder / "global.pt")
+    # The last committed round's server and training clients; a run of no rounds (zero-shot CLIP) has none.
+    server = {"shared": {}, "method": {}} if committed is None else checkpoint.load(committed.folder / "global.pt")
     new = set(summary.get("new_clients") or [])
-    clients = [checkpoint.load(path)["prompts"] for path in sorted(committed.folder.glob("client_*.pt"))
-               if int(path.stem.removeprefix("client_")) not in new]
+    clients = [] if committed is None else [checkpoint.load(path)["prompts"] for path in sorted(committed.folder.glob("client_*.pt"))
+                                            if int(path.stem.removeprefix("client_")) not in new]
 
     def client_mean(name: str) -> torch.Tensor:
         return torch.stack([pieces[name] for pieces in clients]).mean(dim=0)
@@ -97,7 +100,8 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
         "classes": len(target.classnames), "test_images": int(counts["server"][1]), "same_classes": not view.other_classes,
         "accuracy": 100.0 * float(counts["server"][0]) / float(counts["server"][1]),
         "zero_shot_accuracy": 100.0 * float(counts["zero_shot"][0]) / float(counts["zero_shot"][1]),
-        "round": committed.round_idx + 1, "target_settings": {"dataset": cfg.settings["dataset"], "data": cfg.settings["data"]},
+        "round": 0 if committed is None else committed.round_idx + 1,
+        "target_settings": {"dataset": cfg.settings["dataset"], "data": cfg.settings["data"]},
     }
     digest = hashlib.sha256(json.dumps(result["target_settings"], sort_keys=True).encode()).hexdigest()[:8]
     out = run_dir / "cross_dataset" / f"{cfg.dataset.key}-{digest}.json"  # one file per target and its settings

@@ -18,7 +18,7 @@ TARGET = ["--dataset", "Synthetic", "--dataset.classes", "5", "--dataset.train_p
 def finished(tmp_path_factory):
     runs = {}
     for name, flags in {"fedur": [], "mean": ["--method.global_text", "mean", "--evaluation.new_clients", "1"],
-                        "gdau": ["--method", "GDAU"]}.items():
+                        "gdau": ["--method", "GDAU"], "zeroshot": ["--method", "ZeroShot"]}.items():
         run_dir = tmp_path_factory.mktemp(name) / "run"
         cfg, config_yaml = parse_config([*TINY, *flags, "--run.output_dir", str(run_dir)])
         run(cfg, config_yaml)
@@ -26,7 +26,7 @@ def finished(tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("name", ["fedur", "mean", "gdau"])
+@pytest.mark.parametrize("name", ["fedur", "mean", "gdau", "zeroshot"])
 def test_on_its_own_dataset_it_gives_the_runs_own_global_accuracy(finished, name, capsys):
     run_dir = finished[name]
     assert cross_dataset_main([str(run_dir), *TARGET]) == 0
@@ -34,6 +34,8 @@ def test_on_its_own_dataset_it_gives_the_runs_own_global_accuracy(finished, name
     result, summary = json.loads(written.read_text()), json.loads((run_dir / "summary.json").read_text())
     if name == "mean":  # client 3 is new: the run's global protocol covers the training clients' test images only
         assert result["test_images"] == 100 and result["same_classes"]
+    elif name == "zeroshot":  # no rounds, no checkpoint: its server model is zero-shot CLIP
+        assert result["accuracy"] == result["zero_shot_accuracy"] == pytest.approx(summary["zero_shot_global"], abs=1e-9)
     else:  # the tiny split's test sets partition the test set: the same images, the same model
         assert result["accuracy"] == pytest.approx(summary["final_global_accuracy"], abs=1e-9)
         assert result["zero_shot_accuracy"] == pytest.approx(summary["zero_shot_global"], abs=1e-9)
@@ -55,4 +57,4 @@ def test_an_unfinished_run_or_no_target_is_refused(tmp_path, finished, capsys):
         cross_dataset_main([str(finished["fedur"])])
     assert "name the target dataset" in capsys.readouterr().err
     assert cross_dataset_main([str(tmp_path), *TARGET]) == 2
-    assert "holds no committed round" in capsys.readouterr().err
+    assert "holds no config.yaml" in capsys.readouterr().err

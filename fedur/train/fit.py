@@ -158,7 +158,8 @@ def fit(
     if truth.train_labels is None or not recorder.test_labels:  # data without labels: what the model says per image
         write_predictions(rank, run_dir.path("predictions"), cfg.dataset.root)
     wall_seconds = wall_before + time.perf_counter() - start_time
-    domains = domain_summary(recorder.rounds, rank.dataset, fed.partition, fed.num_clients, fed.clients_per_domain)
+    final = recorder.rounds[-1]["client_accuracy"] if recorder.rounds else recorder.zero_shot.get("zero_shot_client_accuracy")
+    domains = domain_summary(final, rank.dataset, fed.partition, fed.num_clients, fed.clients_per_domain)
     rank.images.close()
     summary = recorder.finish(
         cfg.settings,

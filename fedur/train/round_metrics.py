@@ -90,12 +90,13 @@ def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, di
     }
 
 
-def domain_summary(rounds: list[dict], dataset: ImageDataset, partition: str, num_clients: int, clients_per_domain: int) -> dict:
-    """Feature-skew tables report each domain's accuracy as the mean over that domain's clients."""
+def domain_summary(final: list[float | None] | None, dataset: ImageDataset, partition: str, num_clients: int,
+                   clients_per_domain: int) -> dict:
+    """Feature-skew tables report each domain's accuracy as the mean over that domain's clients (`final`: every
+    client's final accuracy; zero-shot CLIP's for a run of no rounds)."""
     domains = client_domains(partition, num_clients, clients_per_domain)
-    if domains is None or not rounds or not dataset.domain_names:
+    if domains is None or not final or not dataset.domain_names:
         return {}
-    final = rounds[-1]["client_accuracy"]
     per_domain = {
         name: mean([acc for acc, dom in zip(final, domains) if dom == d]) for d, name in enumerate(dataset.domain_names)
     }
