@@ -35,12 +35,14 @@ def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
     assert classes["cifar10"].result_neutral == ("root", "download") and "data.name" in classes["cub"].old_keys
     # the lookups the tables kept by hand, now read from the classes: the same values
     assert grids.METHOD_CLASSES == {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL", "promptprox": "PromptProx",
-                                    "pfedprompt": "PFedPrompt", "fedotp": "FedOTP", "zeroshot": "ZeroShot", "gdau": "GDAU"}
+                                    "pfedprompt": "PFedPrompt", "fedotp": "FedOTP", "zeroshot": "ZeroShot", "gdau": "GDAU",
+                                    "fedpgp": "FedPGP", "fedtpg": "FedTPG", "promptfolio": "PromptFolio",
+                                    "scaffold": "SCAFFOLD"}  # the last four added since
     assert grids.LABELLER_CLASSES == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
     assert grids.BASELINE_LABELS == {"promptfl": "PromptFL", "promptprox": "PromptProx", "pfedprompt": "pFedPrompt",
                                      "fedotp": "FedOTP"}
     assert grids.LABELLER_LABELS == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
-    assert grids.PRESETS == ("promptfl", "promptprox", "pfedprompt", "fedotp")
+    assert grids.PRESETS == ("promptfl", "promptprox", "pfedprompt", "fedotp", "fedpgp", "fedtpg", "promptfolio")
     assert grids.DATASET_LABELS == {"dtd": "DTD", "resisc45": "RESISC45", "cub": "CUB", "ucf101": "UCF101",
                                     "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
     assert [r.labels for r in grids.PAPER_ROWS[:3]] == [("CLIP (zero-shot)", "-"), ("GDA-U", "EM"), ("PromptFL", "FPL")]

@@ -400,7 +400,7 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
         "pfedprompt": ("PFedPrompt", 0.001, 5, 16, "cosine", "uniform"),
         "fedotp": ("FedOTP", 0.001, 1, 4, "constant", "data"),
     }
-    assert set(PRESETS) == set(expected)
+    assert set(PRESETS) == {*expected, "fedpgp", "fedtpg", "promptfolio"}  # the later three: demo grids, proxy Table 7
     assert {r.preset for r in own.rows} == set(expected) and all(c.presets == "presets" for c in own.columns)
     spec = {s.row.key: s for s in expand(own, [1], tmp_path) if s.column.key == "cifar10-beta0.1"}
     for key, (cls, lr, epochs, n_ctx, schedule, weighting) in expected.items():
@@ -425,6 +425,32 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
     markdown = (out / "table7-own" / "table.md").read_text()
     assert "Protocol: each baseline with settings of its own over the column's (configs/presets/: its published" in markdown
     assert "The presets: configs/presets/fedotp.yaml" in markdown
+
+
+def test_the_demo_grids_have_the_later_baselines_with_their_demo_presets(tmp_path):
+    """FedPGP, FedTPG and PromptFolio (not in the paper's tables) are rows of the demo's Table 1 (FPL, CPL) and of
+    the demo's and the proxy's Table 7 (every labeller), after the paper's baselines; under the 'own' protocol each
+    runs with its demo preset on the demo (configs/presets/demo/, the learning rate benchmarks/results/demo_lr_sweep.md
+    chose) and its published one on the proxy."""
+    from fedur.main import parse_config
+
+    later = {"fedpgp": ("FedPGP", 0.002), "fedtpg": ("FedTPG", 0.01), "promptfolio": ("PromptFolio", 0.01)}  # demo lr
+    keys7 = [r.key for r in GRIDS["demo-table7"].rows]
+    assert keys7 == [r.key for r in GRIDS["proxy-table7"].rows] and keys7[:16] == [r.key for r in GRIDS["table7"].rows]
+    assert keys7[16:] == [f"{m}+{pl}" for m in later for pl in ("fpl", "cpl", "copl", "codpl")]
+    keys1 = [r.key for r in GRIDS["demo-table1"].rows]
+    assert keys1 == [*[r.key for r in GRIDS["table1"].rows][:-2], *(f"{m}+{pl}" for m in later for pl in ("fpl", "cpl")),
+                     "fedcopl", "fedur"]
+    assert not {r.preset for g in ("table1", "table2", "table7", "proxy-table1") for r in GRIDS[g].rows} & set(later)
+    specs = {s.row.key: s for s in expand(GRIDS["demo-table7-own"], [1], tmp_path)}
+    for m in later:
+        cmd = command(specs[f"{m}+codpl"], Inputs())
+        assert cmd[cmd.index("--config") + 3] == str(config_path(f"presets/demo/{m}.yaml"))
+        cfg, _ = parse_config(cmd[cmd.index("--config"):])
+        assert (type(cfg.method).__name__, cfg.optim.lr) == later[m] and type(cfg.labeller).__name__ == "CoDPL"
+        assert command(expand(GRIDS["demo-table7"], [1], tmp_path, rows=[f"{m}+codpl"])[0], Inputs()).count("--config") == 1
+        proxy = command(expand(GRIDS["proxy-table7-own"], [1], tmp_path, rows=[f"{m}+fpl"])[0], Inputs(data_root="/d"))
+        assert proxy[proxy.index("--config") + 3] == str(config_path(f"presets/{m}.yaml"))
 
 
 def test_the_worst_client_ignores_clients_without_test_images(tmp_path):

@@ -110,8 +110,8 @@ class Grid:
 
 # fedur's own methods and labellers by key (paper.py's row keys): each class says its table name (`label`) and
 # its published settings (`preset`, configs/presets/<preset>.yaml).
-METHODS = {cls.key: cls for cls in (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU, SCAFFOLD,
-                                    PromptFolio, FedPGP, FedTPG)}
+METHODS = {cls.key: cls for cls in (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU,
+                                    FedPGP, FedTPG, PromptFolio, SCAFFOLD)}
 LABELLERS = {cls.key: cls for cls in (FPL, CPL, CoPL, CoDPL)}
 # Row keys -> the class fedur's --method / --labeller take.
 METHOD_CLASSES = {key: cls.__name__ for key, cls in METHODS.items()}
@@ -146,6 +146,9 @@ def _flag(cls: type) -> str:
 ZERO_SHOT_ROW = Row("zeroshot", (ZeroShot.label, "-"), ("--method", METHOD_CLASSES["zeroshot"]), paper_basis=ZERO_SHOT)
 BASELINES = ("promptfl", "promptprox", "pfedprompt", "fedotp")  # the paper's FL baselines, in its row order
 BASELINE_LABELS = {key: METHODS[key].label for key in BASELINES}
+# The baselines fedur added after the paper's (FedPGP, FedTPG, PromptFolio; their published settings in
+# configs/presets/): not in the paper's tables, so only in the demo's grids and the CPU proxy's Table 7.
+NEW_BASELINES = ("fedpgp", "fedtpg", "promptfolio")
 
 # Table 1 and 2's rows, in the paper's order; GDA-U (training-free, cited by the paper but not in its tables)
 # is fedur's addition, below zero-shot CLIP.
@@ -162,6 +165,16 @@ PAPER_ROWS = (
 # Table 7 (the FL baselines with each labeller). The paper prints 8 of these 16 rows: each baseline with
 # its better labeller of Table 1 and with CoDPL; FPL and CPL rows take their numbers from Table 1.
 LABELLER_ROWS = tuple(method_row(m, pl) for m in BASELINES for pl in ("fpl", "cpl", "copl", "codpl"))
+
+# The demo's Table 1 rows and the demo's and the proxy's Table 7 rows: the paper's, with NEW_BASELINES after its
+# baselines (FPL and CPL in Table 1, every labeller in Table 7), as the paper's baselines have them.
+DEMO_PAPER_ROWS = (
+    *PAPER_ROWS[:-2],
+    *(method_row(m, pl) for m in NEW_BASELINES for pl in ("fpl", "cpl")),
+    *PAPER_ROWS[-2:],
+)
+ALL_LABELLER_ROWS = (*LABELLER_ROWS,
+                     *(method_row(m, pl) for m in NEW_BASELINES for pl in ("fpl", "cpl", "copl", "codpl")))
 
 # Table 6: (key, data selection, confidence filter, entropy filter, class weights, negatives), as the
 # paper's check marks print them. Rows 1-4 keep Weighted and Negative on (the paper's ticks); row 5,
@@ -330,15 +343,15 @@ GRIDS: dict[str, Grid] = {
         ("Method", "PL"), paper_tables=("table1",), paper_note=PROXY_NOTE, uses_model_dir=True, notes=(PROXY_NOTE,),
     ),
     "proxy-table7": Grid(
-        "proxy-table7", "Table 7 rows on the CPU proxy (tiny-clip, CIFAR10, β = 0.1)", LABELLER_ROWS, (PROXY_COLUMN,),
+        "proxy-table7", "Table 7 rows on the CPU proxy (tiny-clip, CIFAR10, β = 0.1)", ALL_LABELLER_ROWS, (PROXY_COLUMN,),
         ("Method", "PL"), paper_tables=("table7", "table1"), paper_note=PROXY_NOTE, uses_model_dir=True, notes=(PROXY_NOTE,),
     ),
     "demo-table1": Grid(
-        "demo-table1", "Table 1 rows on the demo (fedur-demo CLIP, generated shapes, β = 0.5)", PAPER_ROWS, (DEMO_COLUMN,),
+        "demo-table1", "Table 1 rows on the demo (fedur-demo CLIP, generated shapes, β = 0.5)", DEMO_PAPER_ROWS, (DEMO_COLUMN,),
         ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(DEMO_NOTE,),
     ),
     "demo-table7": Grid(
-        "demo-table7", "Table 7 rows on the demo (fedur-demo CLIP, generated shapes, β = 0.5)", LABELLER_ROWS,
+        "demo-table7", "Table 7 rows on the demo (fedur-demo CLIP, generated shapes, β = 0.5)", ALL_LABELLER_ROWS,
         (DEMO_COLUMN,), ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(DEMO_NOTE,),
     ),
     "demo-figure3": Grid(
