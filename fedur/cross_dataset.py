@@ -27,12 +27,13 @@ from lightning import Fabric
 from fedur.data.cache import CacheOptions, prepare_splits
 from fedur.data.datasets import DataOptions, ImageSplit, prepare_dataset
 from fedur.data.loaders import ImageLoader, in_batches
-from fedur.federated.client import ClientState
-from fedur.methods.base import GlobalModel, GlobalView
+from fedur.launch_env import LaunchEnv
+from fedur.methods.base import GlobalView
 from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
 from fedur.train import checkpoint
+from fedur.train.evaluate import server_counts
 from fedur.train.setup import data_seed
 
 
@@ -58,7 +59,7 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
     trained_on = json.loads((run_dir / "partition.json").read_text())["classnames"]
     cfg, _ = parse_config(["--config", str(config), "--data.classnames_file", "null", "--data.template", "null",
                            "--data.test_fraction", "1.0", *settings])
-    fabric = Fabric(accelerator=cfg.fabric.accelerator, devices=1, precision=_precision(cfg.fabric.precision))
+    fabric = Fabric(accelerator=cfg.fabric.accelerator, devices=1, precision=LaunchEnv.read().resolved_precision(cfg.fabric))
     torch.manual_seed(cfg.run.seed)  # a random-init backbone is the run's (fedur/train/setup.py)
     clip = load_clip(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
     d = cfg.data
@@ -92,8 +93,12 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
         raise CrossDatasetError(f"{type(method).__name__} has no server model (its global_model gives None)")
     images = ImageLoader({"test": loading.test}, loading.transform, d.num_workers, pin_memory=fabric.device.type == "cuda")
     labels = torch.from_numpy(loading.test.labels)
-    counts = {"server": count(fabric, method, model, images, labels, cfg.optim.eval_batch_size, server_model),
-              "zero_shot": count(fabric, method, model, images, labels, cfg.optim.eval_batch_size, None)}
+    plan = in_batches(np.arange(len(labels)), cfg.optim.eval_batch_size)
+
+    def batches():
+        return zip(images.batches("test", plan), (labels[rows] for rows in plan))
+    counts = {"server": server_counts(fabric, method, model, server_model, batches()),
+              "zero_shot": server_counts(fabric, method, model, None, batches())}
     images.close()
     result = {
         "run": str(run_dir), "method": method.key, "trained_on": summary.get("dataset"), "dataset": target.name,
@@ -108,34 +113,6 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({**result, "file": str(out)}, indent=2) + "\n")
     return {**result, "file": str(out)}
-
-
-@torch.no_grad()
-def count(fabric: Fabric, method, model: PromptedCLIP, images: ImageLoader, labels: torch.Tensor, batch_size: int,
-          server_model: GlobalModel | None) -> torch.Tensor:
-    """(2,) [correct, total] of `server_model` over the test images (None: zero-shot CLIP)."""
-    held = server_model or GlobalModel({})
-    client = ClientState(-1, np.zeros(0, dtype=np.int64), np.arange(len(labels)), dict(held.pieces),
-                         extra=dict(held.extra)).on(fabric.device)
-    plan = in_batches(np.arange(len(labels)), batch_size)
-    correct = 0
-    with fabric.autocast():
-        if server_model is not None:
-            text = method.text_side(model, client.pieces) if server_model.text is None else server_model.text
-        for batch, rows in zip(images.batches("test", plan), plan):
-            batch = fabric.to_device(batch)
-            if server_model is None:
-                logits = model.logits(model.image_features(batch, prompted=False), model.zero_shot_text)
-            else:
-                logits = method.logits(model, batch, client.pieces, text, client, None)
-            correct += int((logits.float().argmax(dim=-1).cpu() == labels[rows]).sum())
-    return torch.tensor([correct, len(labels)], device="cpu")
-
-
-def _precision(precision: str) -> str:
-    if precision != "auto":
-        return precision
-    return "bf16-mixed" if torch.cuda.is_available() else "32-true"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ docs/protocols.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +19,8 @@ from fedur.federated.client import ClientState
 from fedur.methods.base import GlobalModel, GlobalView
 
 if TYPE_CHECKING:
+    from fedur.methods.base import Method
+    from fedur.model.classifier import PromptedCLIP
     from fedur.train.rank import HeldOutSet, Rank
 
 
@@ -78,32 +80,44 @@ def evaluate_global(rank: Rank, shared: dict[str, Tensor] | None, state: dict[st
     `shared` None: zero-shot CLIP instead of the server's model (the reference a held-out set's gain is read from)."""
     model = rank.model if held_out is None else held_out.model
     method, fabric = rank.method, rank.fabric
-    if shared is None:
-        server_model = GlobalModel({}, text=model.zero_shot_text)
-    else:
+    server_model = None
+    if shared is not None:
         view = GlobalView(dict(shared), dict(state), rank.start, lambda name: client_mean(rank, name),
                           other_classes=model is not rank.model)
         server_model = method.global_model(model, view)
-    if server_model is None:
-        return None
+        if server_model is None:
+            return None
     if not rank.dataset.test.labelled:
         return torch.zeros(2, dtype=torch.long, device="cpu")
     rows = rank.global_rows if held_out is None else held_out.rows
     labels = rank.dataset.test.labels[rows] if held_out is None else held_out.labels
-    positions = np.arange(len(rows))
-    plan = in_batches(positions, rank.work.eval_batch_size)[fabric.global_rank::fabric.world_size]
-    server = ClientState(-1, np.zeros(0, dtype=np.int64), rows, dict(server_model.pieces), extra=dict(server_model.extra))
-    server = server.on(fabric.device)
-    counts = torch.zeros(2, dtype=torch.long, device="cpu")
-    with torch.no_grad(), fabric.autocast():
-        text = method.text_side(model, server.pieces) if server_model.text is None else server_model.text
-        for images, batch in zip(rank.images.batches("test", [rows[b] for b in plan]), plan):
-            images = fabric.to_device(images)
-            logits = model.logits(model.image_features(images, prompted=False), text) if shared is None \
-                else method.logits(model, images, server.pieces, text, server, None)
-            truth = torch.from_numpy(labels[batch])
-            counts += torch.stack([(logits.float().argmax(dim=-1).cpu() == truth).sum(), torch.tensor(len(batch), device="cpu")])
+    plan = in_batches(np.arange(len(rows)), rank.work.eval_batch_size)[fabric.global_rank::fabric.world_size]
+    batches = zip(rank.images.batches("test", [rows[b] for b in plan]), (torch.from_numpy(labels[b]) for b in plan))
+    counts = server_counts(fabric, method, model, server_model, batches)
     return rank.collectives.gather_ranks(counts, what="global accuracy counts").sum(dim=0)
+
+
+@torch.no_grad()
+def server_counts(fabric: Fabric, method: Method, model: PromptedCLIP, server_model: GlobalModel | None,
+                  batches: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
+    """(2,) int64 [correct, total] of `server_model` (a client that holds no data, scored with the method's
+    `logits`; None: zero-shot CLIP) over (images, labels) batches: what the global protocols and
+    fedur-cross-dataset count."""
+    held = server_model or GlobalModel({})
+    empty = np.zeros(0, dtype=np.int64)
+    server = ClientState(-1, empty, empty, dict(held.pieces), extra=dict(held.extra)).on(fabric.device)
+    counts = torch.zeros(2, dtype=torch.long, device="cpu")
+    with fabric.autocast():
+        if server_model is not None:
+            text = method.text_side(model, server.pieces) if server_model.text is None else server_model.text
+        for images, truth in batches:
+            images = fabric.to_device(images)
+            if server_model is None:
+                logits = model.logits(model.image_features(images, prompted=False), model.zero_shot_text)
+            else:
+                logits = method.logits(model, images, server.pieces, text, server, None)
+            counts += torch.stack([(logits.float().argmax(dim=-1).cpu() == truth).sum(), torch.tensor(len(truth), device="cpu")])
+    return counts
 
 
 def client_mean(rank: Rank, name: str) -> Tensor:

@@ -63,14 +63,12 @@ class Rank:
     start: dict[str, Tensor] = field(default_factory=dict)  # every declared piece's initial value (CPU): what clients begin with
     training: Tensor | None = None  # (K,) bool: the clients that take part in rounds (the others: evaluation.new_clients)
     global_rows: np.ndarray | None = None  # the test rows the server's model is tested on: the training clients' union
-    # (fedur/train/setup.py; for a rank built by hand, the union of its own clients')
+    # over all ranks (fedur/train/setup.py computes it from the whole split)
     held_out: list[HeldOutSet] = field(default_factory=list)  # evaluation.base_to_novel's novel classes, a held-out domain
 
     def __post_init__(self) -> None:
         if self.training is None:
             self.training = torch.ones(self.num_clients, dtype=torch.bool, device="cpu")
-        if self.global_rows is None:
-            self.global_rows = np.unique(np.concatenate([c.test_indices for c in self.clients] or [np.zeros(0, np.int64)]))
 
     @property
     def new_clients(self) -> list[int]:

@@ -65,13 +65,11 @@ def setup(
         )
     dataset.train, dataset.test = loading.train, loading.test  # without skipped images, rows of the cache
     held_out = [replace(h, rows=keep_rows([h.rows], loading.test_kept)[0]) for h in protocol.held_out]
-    if given is None and protocol.client_test_rows is not None:  # the clients split the test images not held out
-        rows = keep_rows([protocol.client_test_rows], loading.test_kept)[0]
-        train_parts, test_parts = split_clients(partition_spec(cfg), dataset.train, dataset.test.subset(rows), cfg.dataset.key)
-        test_parts = [rows[part] for part in test_parts]
-        shared_test = fed.partition == "clients" and dataset.test.clients is None
-    elif given is None:
-        train_parts, test_parts = split_clients(partition_spec(cfg), dataset.train, dataset.test, cfg.dataset.key)
+    if given is None:  # the clients split the test images not held out (all of them but for the protocols')
+        rows = None if protocol.client_test_rows is None else keep_rows([protocol.client_test_rows], loading.test_kept)[0]
+        test = dataset.test if rows is None else dataset.test.subset(rows)
+        train_parts, test_parts = split_clients(partition_spec(cfg), dataset.train, test, cfg.dataset.key)
+        test_parts = test_parts if rows is None else [rows[part] for part in test_parts]
         shared_test = fed.partition == "clients" and dataset.test.clients is None
     else:
         train_parts, shared_test = keep_rows(given[0], loading.train_kept), given[1] is None
