@@ -248,3 +248,19 @@ def test_the_config_yaml_a_run_writes_reads_back_as_the_same_settings(tmp_path, 
     (tmp_path / "config.yaml").write_text(config_yaml)
     again, _ = parse_config(["--config", str(tmp_path / "config.yaml")])
     assert again.settings == cfg.settings and again.model.pretrained is None
+
+
+def test_a_run_records_what_computed_it(finished_run):
+    """summary.json's environment: the versions, the device and the CPU's vector instructions, and which of
+    the variables that cap them were set (another capability may change the last bits of a float)."""
+    import json
+
+    import torch
+
+    from fedur.launch_env import software_environment
+
+    environment = json.loads((finished_run / "summary.json").read_text())["environment"]
+    assert environment["torch"] == torch.__version__ and environment["device"] == "cpu" and environment["cuda"] is None
+    assert environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    capped = software_environment(torch.device("cpu"), {"ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"})
+    assert capped["cpu_isa_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}

@@ -15,6 +15,7 @@ from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.divergence import drift_diversity, mean_pairwise_cosine_distance
 from fedur.federated.placement import placement_table
+from fedur.launch_env import software_environment
 from fedur.methods.base import LocalRound, shared_names
 from fedur.train import checkpoint, faults
 from fedur.train.evaluate import evaluate_clients, evaluate_global
@@ -166,7 +167,7 @@ def fit(
         {"num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,
          "dataset": rank.dataset.name, "method": method.key, "labeller": None if labeller is None else labeller.key,
          "skipped_images": skipped, "train_labels": truth.train_labels is not None, "test_labels": recorder.test_labels,
-         **domains},
+         **domains, "environment": software_environment(fabric.device)},
     )
     return FitResult(summary, rank, server.shared)
 
