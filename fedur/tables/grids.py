@@ -147,7 +147,7 @@ ZERO_SHOT_ROW = Row("zeroshot", (ZeroShot.label, "-"), ("--method", METHOD_CLASS
 BASELINES = ("promptfl", "promptprox", "pfedprompt", "fedotp")  # the paper's FL baselines, in its row order
 BASELINE_LABELS = {key: METHODS[key].label for key in BASELINES}
 # The baselines fedur added after the paper's (FedPGP, FedTPG, PromptFolio; their published settings in
-# configs/presets/): not in the paper's tables, so only in the demo's grids and the CPU proxy's Table 7.
+# configs/presets/): not in the paper's tables, so only in the demo's and the CPU proxy's grids.
 NEW_BASELINES = ("fedpgp", "fedtpg", "promptfolio")
 
 # Table 1 and 2's rows, in the paper's order; GDA-U (training-free, cited by the paper but not in its tables)
@@ -166,9 +166,9 @@ PAPER_ROWS = (
 # its better labeller of Table 1 and with CoDPL; FPL and CPL rows take their numbers from Table 1.
 LABELLER_ROWS = tuple(method_row(m, pl) for m in BASELINES for pl in ("fpl", "cpl", "copl", "codpl"))
 
-# The demo's Table 1 rows and the demo's and the proxy's Table 7 rows: the paper's, with NEW_BASELINES after its
-# baselines (FPL and CPL in Table 1, every labeller in Table 7), as the paper's baselines have them.
-DEMO_PAPER_ROWS = (
+# The demo's and the proxy's Table 1 and Table 7 rows: the paper's, with NEW_BASELINES after its baselines (FPL and
+# CPL in Table 1, every labeller in Table 7), as the paper's baselines have them.
+EXTENDED_PAPER_ROWS = (
     *PAPER_ROWS[:-2],
     *(method_row(m, pl) for m in NEW_BASELINES for pl in ("fpl", "cpl")),
     *PAPER_ROWS[-2:],
@@ -339,7 +339,7 @@ GRIDS: dict[str, Grid] = {
                "are guesses (fedur/tables/grids.py), and there are no paper numbers to compare with.",),
     ),
     "proxy-table1": Grid(
-        "proxy-table1", "Table 1 rows on the CPU proxy (tiny-clip, CIFAR10, β = 0.1)", PAPER_ROWS, (PROXY_COLUMN,),
+        "proxy-table1", "Table 1 rows on the CPU proxy (tiny-clip, CIFAR10, β = 0.1)", EXTENDED_PAPER_ROWS, (PROXY_COLUMN,),
         ("Method", "PL"), paper_tables=("table1",), paper_note=PROXY_NOTE, uses_model_dir=True, notes=(PROXY_NOTE,),
     ),
     "proxy-table7": Grid(
@@ -347,7 +347,7 @@ GRIDS: dict[str, Grid] = {
         ("Method", "PL"), paper_tables=("table7", "table1"), paper_note=PROXY_NOTE, uses_model_dir=True, notes=(PROXY_NOTE,),
     ),
     "demo-table1": Grid(
-        "demo-table1", "Table 1 rows on the demo (fedur-demo CLIP, generated shapes, β = 0.5)", DEMO_PAPER_ROWS, (DEMO_COLUMN,),
+        "demo-table1", "Table 1 rows on the demo (fedur-demo CLIP, generated shapes, β = 0.5)", EXTENDED_PAPER_ROWS, (DEMO_COLUMN,),
         ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(DEMO_NOTE,),
     ),
     "demo-table7": Grid(
@@ -389,7 +389,8 @@ PROTOCOLS = {
              "epochs, 16 context vectors and a cosine schedule for all its experiments)",
     "own": "each baseline with settings of its own over the column's (configs/presets/: its published learning rate, "
            "local epochs, context length, schedule and server weighting; on the demo configs/presets/demo/: the "
-           "learning rate a sweep on the demo chose for it); FedUR, FedCoPL, GDA-U and zero-shot as in the paper",
+           "learning rate a sweep on the demo chose for it, FedPGP's with its published schedule and weight decay); "
+           "FedUR, FedCoPL, GDA-U and zero-shot as in the paper",
 }
 
 
