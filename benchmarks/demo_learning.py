@@ -28,6 +28,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = REPO / "configs" / "presets" / "demo"
+# CPU kernels pick their vector instructions from the machine (oneDNN's convolutions and matmuls above all), so
+# float results, and a seed near a tie, differ between an AVX2 and an AVX-512 machine. Capped at AVX2, every
+# x86-64 machine of the last decade computes the same bits: the tables here reproduce anywhere (a variable
+# already set wins). fedur's runs record the capability they ran with (summary.json's environment).
+SAME_BITS_ON_ANY_X86 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+CAPPED = ("Every run with its CPU kernels capped at AVX2 (" + ", ".join(f"{k}={v}" for k, v in SAME_BITS_ON_ANY_X86.items())
+          + ", unless set otherwise; each run's summary.json environment says which), so that another x86-64 machine "
+          "computes the same bits (docs/learning.md).")
 
 VARIANTS = {
     "fedur": [],
@@ -37,9 +45,15 @@ VARIANTS = {
     "pfedprompt": ["--method", "PFedPrompt"],
     "fedotp": ["--method", "FedOTP"],
     "gdau": ["--method", "GDAU"],  # training-free: EM of a Gaussian discriminant from zero-shot, ensembled with it
-    "promptfolio": ["--method", "PromptFolio"],
-    "fedpgp": ["--method", "FedPGP"],
-    "fedtpg": ["--method", "FedTPG"],  # one prompt generator shared by every client, conditioned on the class names  # a global text prompt plus a personal low-rank term, a contrastive loss  # a global and a local text prompt, their class features mixed
+    "promptfolio": ["--method", "PromptFolio"],  # a global and a local text prompt, their class features mixed
+    "fedpgp": ["--method", "FedPGP"],  # a global text prompt plus a personal low-rank term, a contrastive loss
+    "fedtpg": ["--method", "FedTPG"],  # one prompt generator shared by every client, conditioned on the class names
+    # FedPGP with its published optimizer (configs/presets/fedpgp.yaml: a constant rate, weight decay 5e-4) at the demo's lr
+    "fedpgp-published-optim": ["--method", "FedPGP", "--optim.schedule", "constant", "--optim.weight_decay", "0.0005"],
+    # FedPGP without its contrastive term: the shared prompt and the personal low-rank term alone
+    "fedpgp-mu0": ["--method", "FedPGP", "--method.mu", "0"],
+    # FedPGP given twice the demo's rounds: its contrastive term costs accuracy in the first rounds
+    "fedpgp-10-rounds": ["--method", "FedPGP", "--federation.rounds", "10"],
     "scaffold": ["--method", "SCAFFOLD"],  # FedUR with SCAFFOLD's control variates on the shared visual prompt
     # the same with plain SGD at one learning rate, where SCAFFOLD's option II is exact
     "scaffold-sgd": ["--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
@@ -65,7 +79,7 @@ def run(variant: str, seed: int, args: argparse.Namespace, lr: str | None = None
         "--run.output_dir", str(out), "--run.progress", "false", *variant_flags(variant, lr),
     ]
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**SAME_BITS_ON_ANY_X86, **os.environ, "HF_HUB_OFFLINE": "1"})
     if done.returncode != 0:
         raise SystemExit(f"[{variant} seed {seed}] failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())
@@ -130,13 +144,13 @@ def main() -> None:
                 "own labeller at each learning rate, gain of the final mean client accuracy over zero-shot (points); "
                 "in bold the lr with the largest smallest gain. A baseline's demo preset (configs/presets/demo/) takes it; "
                 "FedUR and FedCoPL keep the demo's 0.002 under both protocols, as the paper runs them with one "
-                "setting.\n\n" + sweep_table(results, seeds) + "\n")
+                f"setting. {CAPPED}\n\n" + sweep_table(results, seeds) + "\n")
     else:
         results = {v: {seed: run(v, seed, args) for seed in seeds} for v in variants}
         presets = [v for v in variants if (PRESETS / f"{v}.yaml").is_file()]
         text = (f"# Every method on the demo ({config})\n\n{call}`: one process per run, mean client accuracy (%) on "
                 f"each client's test split; {', '.join(presets) or 'no variant'} with its demo preset "
-                "(configs/presets/demo/).\n\n" + table(results) + "\n")
+                f"(configs/presets/demo/). {CAPPED}\n\n" + table(results) + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

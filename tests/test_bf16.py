@@ -35,7 +35,8 @@ TINY = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", *BF16]
 DEMO = ["--config", "configs/smoke.yaml", *BF16]
 
 # every method on the tiny model, for finiteness
-TINY_METHODS = ["FedUR", "FedCoPL", "PromptFL", "PromptProx", "PFedPrompt", "FedOTP", "GDAU", "ZeroShot"]
+TINY_METHODS = ["FedUR", "FedCoPL", "PromptFL", "PromptProx", "PFedPrompt", "FedOTP", "GDAU", "ZeroShot", "SCAFFOLD",
+                "PromptFolio", "FedPGP", "FedTPG"]
 
 # The demo at seed 1 in float32 (README, "Every method learns on the demo": the first of the five finals, zero-shot
 # client mean 55.30 for every method): method -> (flags as tests/test_learning.py gives them, float32 final).
@@ -48,10 +49,15 @@ DEMO_METHODS = {
     "pfedprompt": (["--config", "configs/presets/demo/pfedprompt.yaml"], 67.31),
     "fedotp": (["--config", "configs/presets/demo/fedotp.yaml"], 57.09),
     "gdau": (["--method", "GDAU"], 89.65),
+    "scaffold": (["--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
+                 73.42),
+    "promptfolio": (["--config", "configs/presets/demo/promptfolio.yaml"], 62.50),
+    "fedtpg": (["--config", "configs/presets/demo/fedtpg.yaml"], 60.38),
+    "fedpgp": (["--config", "configs/presets/demo/fedpgp.yaml"], 57.91),
 }
-# two processes of about the same cost (CPU seconds of each run without AMX in the comment)
-LANES = (["fedur", "fedcopl", "fedotp"],  # 38 + 34 + 20
-         ["promptfl", "promptprox", "pfedprompt", "gdau"])  # 18 + 18 + 22 + 13, and the tiny runs (~20)
+# two processes of about the same cost
+LANES = (["fedur", "fedcopl", "fedotp", "scaffold", "promptfolio"],
+         ["promptfl", "promptprox", "pfedprompt", "gdau", "fedtpg", "fedpgp"])  # and the tiny runs
 
 
 def run_dirs(root: Path) -> tuple[dict[str, Path], dict[str, Path]]:
