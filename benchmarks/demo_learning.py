@@ -29,9 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = REPO / "configs" / "presets" / "demo"
 # CPU kernels pick their vector instructions from the machine (oneDNN's convolutions and matmuls above all), so
-# float results, and a seed near a tie, differ between an AVX2 and an AVX-512 machine. Capped at AVX2, every
-# x86-64 machine of the last decade computes the same bits: the tables here reproduce anywhere (a variable
-# already set wins). fedur's runs record the capability they ran with (summary.json's environment).
+# float results, and a seed near a tie, differ between an AVX2 and an AVX-512 machine. Capped at AVX2, the two
+# compute the same bits (an AVX-512 machine gives an AVX2 machine's table bit for bit: docs/learning.md); a
+# variable already set wins. fedur's runs record what they ran with (summary.json's environment).
 SAME_BITS_ON_ANY_X86 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 CAPPED = ("Every run with its CPU kernels capped at AVX2 (" + ", ".join(f"{k}={v}" for k, v in SAME_BITS_ON_ANY_X86.items())
           + ", unless set otherwise; each run's summary.json environment says which), so that another x86-64 machine "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -209,15 +209,17 @@ def stop_with_launcher(environ: Mapping[str, str] = os.environ) -> bool:
 PR_SET_PDEATHSIG = 1
 
 
-# CPU kernels choose their vector instructions from the machine; these cap the choice (the same bits on any
-# x86-64 machine that has the capped set: benchmarks/demo_learning.py sets them for its runs).
+# CPU kernels choose their vector instructions from the machine; these cap the choice (benchmarks/demo_learning.py
+# sets them for its runs, so that an AVX2 and an AVX-512 machine compute the same bits: docs/learning.md).
 CPU_ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_CBWR")
 
 
-def software_environment(device: torch.device, environ: Mapping[str, str] = os.environ) -> dict:
+def software_environment(device: torch.device, environ: Mapping[str, str] = os.environ,
+                         device_name: Callable[[torch.device], str] = torch.cuda.get_device_name) -> dict:
     """What computed the run, for summary.json: the versions, the device, and the CPU's vector instructions.
     Runs that differ here may differ in the last bits of every float (on one machine fedur's runs are bitwise
-    reproducible; another CPU or GPU, or another torch, computes its sums in another order)."""
+    reproducible; another CPU or GPU, or another torch, computes its sums in another order). `device_name`
+    names a CUDA device (a seam for the tests)."""
     from importlib.metadata import PackageNotFoundError, version
 
     def installed(package: str) -> str | None:
@@ -226,13 +228,14 @@ def software_environment(device: torch.device, environ: Mapping[str, str] = os.e
         except PackageNotFoundError:
             return None
 
+    cuda = device.type == "cuda"
     return {
         "python": sys.version.split()[0],
         "torch": torch.__version__,  # with its build: 2.14.1+cu130
         **{name: installed(package) for name, package in
            (("lightning", "lightning"), ("open_clip", "open_clip_torch"), ("torchmetrics", "torchmetrics"))},
-        "cuda": torch.version.cuda if device.type == "cuda" else None,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "cuda": torch.version.cuda if cuda else None,
+        "device": device_name(device) if cuda else device.type,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_isa_caps": {name: environ[name] for name in CPU_ISA_VARIABLES if name in environ},
     }

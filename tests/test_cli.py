@@ -264,3 +264,6 @@ def test_a_run_records_what_computed_it(finished_run):
     assert environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     capped = software_environment(torch.device("cpu"), {"ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"})
     assert capped["cpu_isa_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    # on a GPU: the CUDA torch was built with and the device's name (a stub names it here)
+    gpu = software_environment(torch.device("cuda", 3), {}, device_name=lambda d: f"GPU {d.index}")
+    assert (gpu["device"], gpu["cuda"]) == ("GPU 3", torch.version.cuda)

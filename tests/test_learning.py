@@ -35,7 +35,7 @@ METHODS = {
     # SCAFFOLD where its option II is exact: plain SGD at one rate (benchmarks/results/method_api_demo.md)
     "scaffold": (["--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
                  3.0),  # +6.44
-    "promptfolio": (["--config", "configs/presets/demo/promptfolio.yaml"], 2.8),  # +5.62 (lr 0.01)
+    "promptfolio": (["--config", "configs/presets/demo/promptfolio.yaml"], 2.8),  # +6.26 (lr 0.01; +5.62 on AVX-512)
     "fedtpg": (["--config", "configs/presets/demo/fedtpg.yaml"], 0.3),  # +0.64 (lr 0.01)
     "fedpgp": (["--config", "configs/presets/demo/fedpgp.yaml"], 1.0),  # +1.95 (lr 0.002, constant, weight decay 5e-4)
 }
