@@ -7,7 +7,7 @@ names them wrongly in a structured way: zero-shot is ~58%, a linear probe ~93%. 
 configs/presets/demo/<method>.yaml: the learning rate the sweep below chose for it) and writes a Markdown
 table of zero-shot client mean, final mean and gain; `tests/test_learning.py` takes its margins from it.
 
-    python benchmarks/demo_learning.py                    # 5 seeds x 7 methods, ~6 min on 2 CPU cores
+    python benchmarks/demo_learning.py                    # 5 seeds x every variant below, ~15 min on 2 CPU cores
     python benchmarks/demo_learning.py --seeds 1,2,3 --variants fedur
     python benchmarks/demo_learning.py --sweep-lr 0.002,0.005,0.01,0.02,0.05 --variants promptfl,fedotp \
         --out benchmarks/results/demo_lr_sweep.md        # each variant at each lr, without its preset
