@@ -26,16 +26,15 @@ import sys
 import time
 from pathlib import Path
 
+from fedur.launch_env import AVX2_CAP
+
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = REPO / "configs" / "presets" / "demo"
-# CPU kernels pick their vector instructions from the machine (oneDNN's convolutions and matmuls above all), so
-# float results, and a seed near a tie, differ between an AVX2 and an AVX-512 machine. Capped at AVX2, the two
-# compute the same bits (an AVX-512 machine gives an AVX2 machine's table bit for bit: docs/learning.md); a
-# variable already set wins. fedur's runs record what they ran with (summary.json's environment).
-SAME_BITS_ON_ANY_X86 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
-CAPPED = ("Every run with its CPU kernels capped at AVX2 (" + ", ".join(f"{k}={v}" for k, v in SAME_BITS_ON_ANY_X86.items())
-          + ", unless set otherwise; each run's summary.json environment says which), so that another x86-64 machine "
-          "computes the same bits (docs/learning.md).")
+# CPU kernels pick their vector instructions from the machine, so a seed near a tie can end differently on an AVX2
+# and an AVX-512 machine; every run here is capped at AVX2 (fedur.launch_env.AVX2_CAP; a variable already set wins).
+CAPPED = ("Every run with its CPU kernels capped at AVX2 (" + ", ".join(f"{k}={v}" for k, v in AVX2_CAP.items())
+          + ", unless set otherwise; each run's summary.json environment says which), so that AVX2 and AVX-512 "
+          "machines compute the same bits (docs/learning.md).")
 
 VARIANTS = {
     "fedur": [],
@@ -79,7 +78,7 @@ def run(variant: str, seed: int, args: argparse.Namespace, lr: str | None = None
         "--run.output_dir", str(out), "--run.progress", "false", *variant_flags(variant, lr),
     ]
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**SAME_BITS_ON_ANY_X86, **os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**AVX2_CAP, **os.environ, "HF_HUB_OFFLINE": "1"})
     if done.returncode != 0:
         raise SystemExit(f"[{variant} seed {seed}] failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())

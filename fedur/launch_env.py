@@ -209,9 +209,9 @@ def stop_with_launcher(environ: Mapping[str, str] = os.environ) -> bool:
 PR_SET_PDEATHSIG = 1
 
 
-# CPU kernels choose their vector instructions from the machine; these cap the choice (benchmarks/demo_learning.py
-# sets them for its runs, so that an AVX2 and an AVX-512 machine compute the same bits: docs/learning.md).
-CPU_ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_CBWR")
+# CPU kernels choose their vector instructions from the machine; these variables cap the choice at AVX2, so that
+# an AVX2 and an AVX-512 machine compute the same bits (docs/learning.md; benchmarks/demo_learning.py sets them).
+AVX2_CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 
 
 def software_environment(device: torch.device, environ: Mapping[str, str] = os.environ,
@@ -237,5 +237,5 @@ def software_environment(device: torch.device, environ: Mapping[str, str] = os.e
         "cuda": torch.version.cuda if cuda else None,
         "device": device_name(device) if cuda else device.type,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_isa_caps": {name: environ[name] for name in CPU_ISA_VARIABLES if name in environ},
+        "cpu_isa_caps": {name: environ[name] for name in AVX2_CAP if name in environ},
     }
