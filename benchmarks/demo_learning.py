@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from fedur import plugins
 from fedur.launch_env import AVX2_CAP
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,36 +37,31 @@ CAPPED = ("Every run with its CPU kernels capped at AVX2 (" + ", ".join(f"{k}={v
           + ", unless set otherwise; each run's summary.json environment says which), so that AVX2 and AVX-512 "
           "machines compute the same bits (docs/learning.md).")
 
-VARIANTS = {
-    "fedur": [],
-    "fedcopl": ["--method", "FedCoPL"],  # no class weights, no negatives
-    "promptfl": ["--method", "PromptFL"],
-    "promptprox": ["--method", "PromptProx"],
-    "pfedprompt": ["--method", "PFedPrompt"],
-    "fedotp": ["--method", "FedOTP"],
-    "gdau": ["--method", "GDAU"],  # training-free: EM of a Gaussian discriminant from zero-shot, ensembled with it
-    "promptfolio": ["--method", "PromptFolio"],  # a global and a local text prompt, their class features mixed
-    "fedpgp": ["--method", "FedPGP"],  # a global text prompt plus a personal low-rank term, a contrastive loss
-    "fedtpg": ["--method", "FedTPG"],  # one prompt generator shared by every client, conditioned on the class names
+# Every one of fedur's methods that has rounds (fedur/plugins.py: a method added to fedur is measured with nothing
+# listed here), each with its demo preset where it has one (configs/presets/demo/<key>.yaml) ...
+VARIANTS = {cls.key: ["--method", cls.__name__] for cls in plugins.builtin("method") if cls().rounds(1)}
+# ... and the diagnostics below, each a question about one method.
+DIAGNOSTICS = {
+    # FedUR and SCAFFOLD with plain SGD at one rate, and SCAFFOLD with FedUR's optimizer (momentum, weight decay,
+    # cosine: its correction added before SGD applies them) instead of its demo preset's plain SGD
+    "fedur-sgd": ["--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
+    "scaffold-fedur-optim": ["--method", "SCAFFOLD"],
     # FedPGP with its published optimizer (configs/presets/fedpgp.yaml: a constant rate, weight decay 5e-4) at the demo's lr
     "fedpgp-published-optim": ["--method", "FedPGP", "--optim.schedule", "constant", "--optim.weight_decay", "0.0005"],
     # FedPGP without its contrastive term: the shared prompt and the personal low-rank term alone
     "fedpgp-mu0": ["--method", "FedPGP", "--method.mu", "0"],
     # FedPGP given twice the demo's rounds: its contrastive term costs accuracy in the first rounds
     "fedpgp-10-rounds": ["--method", "FedPGP", "--federation.rounds", "10"],
-    "scaffold": ["--method", "SCAFFOLD"],  # FedUR with SCAFFOLD's control variates on the shared visual prompt
-    # the same with plain SGD at one learning rate, where SCAFFOLD's option II is exact
-    "scaffold-sgd": ["--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
-    "fedur-sgd": ["--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
 }
+ALL = {**VARIANTS, **DIAGNOSTICS}
 
 
 def variant_flags(variant: str, lr: str | None) -> list[str]:
     """The variant's flags: its demo preset (if it has one) unless a swept lr replaces it."""
     preset = PRESETS / f"{variant}.yaml"
     if lr is not None:
-        return [*VARIANTS[variant], "--optim.lr", lr]
-    return [*(["--config", str(preset)] if preset.is_file() else []), *VARIANTS[variant]]
+        return [*ALL[variant], "--optim.lr", lr]
+    return [*ALL[variant], *(["--config", str(preset)] if preset.is_file() else [])]
 
 
 def run(variant: str, seed: int, args: argparse.Namespace, lr: str | None = None) -> dict:
@@ -91,6 +87,17 @@ def run(variant: str, seed: int, args: argparse.Namespace, lr: str | None = None
 
 def gain(summary: dict) -> float:
     return summary["final_mean_accuracy"] - summary["zero_shot_client_mean"]
+
+
+def write_measured(path: Path, results: dict[str, dict[int, dict]], call: str) -> None:
+    """The numbers tests/test_learning.py and tests/test_bf16.py take their margins from: per variant and seed, the
+    zero-shot client mean and the final mean; variants measured before (in the file already) are kept."""
+    measured = json.loads(path.read_text())["variants"] if path.is_file() else {}
+    for variant, by_seed in results.items():
+        flags = [f.replace(f"{REPO}/", "") for f in variant_flags(variant, None)]  # paths relative to the checkout
+        measured[variant] = {str(seed): {"zero_shot": s["zero_shot_client_mean"], "final": s["final_mean_accuracy"],
+                                         "flags": flags} for seed, s in by_seed.items()}
+    path.write_text(json.dumps({"command": call.strip("`"), "capped": AVX2_CAP, "variants": measured}, indent=1) + "\n")
 
 
 def table(results: dict[str, dict[int, dict]]) -> str:
@@ -127,7 +134,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "smoke.yaml")
     parser.add_argument("--seeds", default="1,2,3,4,5")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, of: {', '.join(ALL)}")
     parser.add_argument("--sweep-lr", default=None, help="comma-separated learning rates: a sweep table instead")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fedur-demo-learning"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "demo_learning.md")
@@ -150,6 +157,7 @@ def main() -> None:
         text = (f"# Every method on the demo ({config})\n\n{call}`: one process per run, mean client accuracy (%) on "
                 f"each client's test split; {', '.join(presets) or 'no variant'} with its demo preset "
                 f"(configs/presets/demo/). {CAPPED}\n\n" + table(results) + "\n")
+        write_measured(args.out.with_suffix(".json"), results, call)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

@@ -33,20 +33,31 @@ from pathlib import Path
 
 import torch
 
-LABELLERS = ("FPL", "CPL", "CoPL", "CoDPL")
-METHODS = ("FedUR", "FedCoPL", "PromptFL", "PromptProx", "PFedPrompt", "FedOTP")
-FUSED = ("FedUR", "FedCoPL", "PromptFL", "PromptProx")  # grouped before: run.clients_per_step 2 compared too
 TIMING = {"round_seconds", "phase_seconds"}
 SUMMARY_SKIP = {"wall_seconds", "settings", "placement"}
 
 
+def fedur_plugins() -> tuple[list[type], list[str]]:
+    """fedur's own methods and labeller names, from the classes (fedur/plugins.py); a checkout before that module
+    listed them here."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from fedur import plugins
+
+    return plugins.builtin("method"), [cls.__name__ for cls in plugins.builtin("labeller")]
+
+
 def cases() -> dict[str, list[str]]:
+    """Every trainable method with every labeller, alone and in groups of 2, and every training-free one, on
+    configs/tiny.yaml; the switches; the evaluation protocols; every method on the demo."""
+    methods, labellers = fedur_plugins()
+    trainable = [m.__name__ for m in methods if m.trains]
     tiny, smoke = ["--config", "configs/tiny.yaml"], ["--config", "configs/smoke.yaml"]
-    out = {f"{m.lower()}-{lab.lower()}": [*tiny, "--method", m, "--labeller", lab] for m in METHODS for lab in LABELLERS}
-    out["zeroshot"] = [*tiny, "--method", "ZeroShot"]
-    out["gdau"] = [*tiny, "--method", "GDAU"]
+    out = {f"{m.lower()}-{lab.lower()}": [*tiny, "--method", m, "--labeller", lab] for m in trainable for lab in labellers}
+    out.update({m.__name__.lower(): [*tiny, "--method", m.__name__] for m in methods if not m.trains})
+    out.update({f"{m.__name__.lower()}-g2": [*tiny, "--run.clients_per_step", "2", "--method", m.__name__]
+                for m in methods if m.trains})
     out.update({f"{m.lower()}-{lab.lower()}-g2": [*tiny, "--run.clients_per_step", "2", "--method", m, "--labeller", lab]
-                for m in FUSED for lab in LABELLERS})
+                for m in ("FedUR", "PromptFL") for lab in labellers})
     codpl = [*tiny, "--method", "FedUR", "--labeller", "CoDPL"]
     out.update({
         "fedur-online": [*codpl, "--labeller.negatives", "online"],
@@ -64,8 +75,22 @@ def cases() -> dict[str, list[str]]:
         "fedotp-eps": [*tiny, "--method", "FedOTP", "--method.eps", "0.2", "--method.top_percent", "0.5"],
         "fedur-fpl8": [*tiny, "--method", "FedUR", "--labeller", "FPL", "--labeller.per_class", "8",
                        "--labeller.class_weights", "inv", "--labeller.negatives", "threshold"],
+        "scaffold-plain": [*tiny, "--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0",
+                           "--optim.schedule", "constant", "--federation.join_rate", "0.75"],
+        "fedur-constant": [*tiny, "--method", "FedUR", "--optim.schedule", "constant"],
     })
-    out.update({f"smoke-{m.lower()}": [*smoke, "--method", m] for m in (*METHODS, "ZeroShot", "GDAU")})
+    domains = ["--dataset", "SyntheticDomains", "--dataset.classes", "5", "--dataset.train_per_class", "12",
+               "--dataset.test_per_class", "4", "--dataset.domains", "[photo, sketch, mosaic]", "--federation.partition",
+               "domain_dirichlet", "--federation.clients_per_domain", "2", "--evaluation.held_out_domain", "mosaic"]
+    for m in methods:  # the evaluation protocols, every method: new clients, base-to-novel, a held-out domain
+        name = m.__name__
+        out[f"protocols-new-{name.lower()}"] = [*tiny, "--method", name, "--evaluation.new_clients", "1"]
+        out[f"protocols-b2n-{name.lower()}"] = [*tiny, "--method", name, "--evaluation.base_to_novel", "true"]
+        out[f"protocols-lodo-{name.lower()}"] = [*tiny, "--method", name, *domains]
+    out["protocols-fedur-mean"] = [*tiny, "--method", "FedUR", "--method.global_text", "mean", "--evaluation.new_clients", "1"]
+    out["protocols-fedur-global-off"] = [*tiny, "--method", "FedUR", "--evaluation.global_model", "false"]
+    out["protocols-fedur-shared-test"] = [*tiny, "--method", "FedUR", "--federation.partition", "iid"]
+    out.update({f"smoke-{m.__name__.lower()}": [*smoke, "--method", m.__name__] for m in methods})
     out["smoke-fedur-g2"] = [*smoke, "--run.clients_per_step", "2", "--method", "FedUR"]
     out["smoke-fedur-workers2"] = [*smoke, "--data.num_workers", "2", "--method", "FedUR"]  # its order changed on purpose
     return out
@@ -101,8 +126,10 @@ def legacy(args: list[str]) -> list[str]:
     return out
 
 
-def run(repo: Path, out: Path, is_legacy: bool, names: list[str]) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FEDUR_CACHE_DIR": str(out / ".cache")}
+def run(repo: Path, out: Path, is_legacy: bool, names: list[str]) -> int:
+    """Every case (or those `names`) with the checkout `repo`'s fedur into `out`/<case>; 1 when a run failed."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FEDUR_CACHE_DIR": str(out / ".cache"), "PYTHONPATH": str(repo)}
+    failed = []
     for name, args in cases().items():
         if names and name not in names:
             continue
@@ -112,6 +139,11 @@ def run(repo: Path, out: Path, is_legacy: bool, names: list[str]) -> None:
         argv = [*(legacy(args) if is_legacy else args), "--run.output_dir", str(folder), "--run.progress", "false"]
         done = subprocess.run([sys.executable, "-m", "fedur.main", *argv], cwd=repo, env=env, capture_output=True, text=True)
         print(f"{name}: exit {done.returncode}", (done.stderr.strip().splitlines() or [""])[-1][:200], flush=True)
+        if done.returncode:
+            failed.append(name)
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -197,8 +229,7 @@ def main() -> int:
     c.add_argument("names", nargs="*")
     args = parser.parse_args()
     if args.command == "run":
-        run(args.repo.resolve(), args.out.resolve(), args.legacy, args.names)
-        return 0
+        return run(args.repo.resolve(), args.out.resolve(), args.legacy, args.names)
     return compare(args.before, args.after, args.names)
 
 

@@ -7,7 +7,7 @@ Config stops here: the entry point and the round loop read these objects and pas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from jsonargparse.typing import (
@@ -16,6 +16,8 @@ from jsonargparse.typing import (
     PositiveFloat,
     PositiveInt,
 )
+
+from fedur.errors import ConfigError
 
 # The annotations are the CLI's validation and show in --help: a value outside its range stops the
 # run at parse time with the key and the restriction.
@@ -42,13 +44,13 @@ class ModelConfig:
     cache_dir: str | None = None
     """Where downloaded weights are cached (default: the Hugging Face cache)."""
     n_ctx: NonNegativeInt = 16
-    """Learnable text context vectors (CoOp, shared by all classes, class name at the end); personal to
-    each client. 0 disables the text prompt."""
+    """Learnable text context vectors (CoOp: one context for all classes, the class name at the end); whether a
+    client's stays its own or is averaged is the method's to say (FedUR: its own). 0 disables the text prompt."""
     ctx_init_std: NonNegativeFloat = 0.02
     """Standard deviation of the N(0, std^2) init of both prompts."""
     visual_tokens: NonNegativeInt = 5
-    """Deep visual prompt tokens appended after the patch tokens at each prompted block; shared by all
-    clients. 0 disables the visual prompt."""
+    """Deep visual prompt tokens appended after the patch tokens at each prompted block; whether they are averaged
+    is the method's to say (FedUR: averaged). 0 disables the visual prompt."""
     visual_depth: PositiveInt | None = None
     """Prompted blocks, counted from the first; null means all blocks but the last (11 for ViT-B)."""
     shared_prefix_text: bool = True
@@ -156,15 +158,15 @@ class EvaluationConfig:
 
 def new_client_count(new_clients: float, num_clients: int) -> int:
     """How many clients evaluation.new_clients holds out of `num_clients`: a count as given, a fraction (< 1) of
-    them rounded half up, at least one. Raises ValueError when it is not a whole count or leaves none to train."""
+    them rounded half up, at least one. Raises a ConfigError when it is not a whole count or leaves none to train."""
     if new_clients >= 1:
         if new_clients != int(new_clients):
-            raise ValueError(f"evaluation.new_clients={new_clients:g}: a count must be a whole number (a fraction is below 1)")
+            raise ConfigError(f"evaluation.new_clients={new_clients:g}: a count must be a whole number (a fraction is below 1)")
         count = int(new_clients)
     else:
         count = 0 if new_clients == 0 else max(1, int(new_clients * num_clients + 0.5))
     if count >= num_clients:
-        raise ValueError(f"evaluation.new_clients={new_clients:g} holds out {count} of federation.num_clients={num_clients}: "
+        raise ConfigError(f"evaluation.new_clients={new_clients:g} holds out {count} of federation.num_clients={num_clients}: "
                          "at least one client must train")
     return count
 
@@ -260,7 +262,11 @@ class FabricConfig:
 
 @dataclass
 class Config:
-    """A run's settings: the groups above, and the three plugins (fedur/main.py adds them to the parser)."""
+    """A run's settings: the groups above, and the three plugins (fedur/cli.py adds them to the parser).
+
+    The typed objects are the one source: `settings` (what summary.json, the checkpoints' markers and a resume's
+    comparison read) and `yaml` (config.yaml) are derived from them when asked, so a value settled after parsing
+    (fedur/settle.py: federation.num_clients, fabric.precision) is in both."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -272,7 +278,37 @@ class Config:
     method: Method | None = None  # fedur.methods.Method: the federated method, with its own settings
     labeller: Labeller | None = None  # fedur.labels.Labeller: the pseudo-labeller (None: the method's own)
     dataset: Dataset | None = None  # fedur.data.datasets.Dataset: where the images come from, with its options
-    settings: dict = field(default_factory=dict)  # the resolved settings as given (plugins as class_path + init_args)
+    plugins: dict = field(default_factory=dict)  # {"method": {"class_path", "init_args"} or None, ...}: as parsed
+
+    @property
+    def settings(self) -> dict:
+        """The resolved settings as plain values: each plugin as {"class_path", "init_args"} (None: none), then
+        every group's fields as they are now."""
+        out = {name: _plain(self.plugins.get(name)) for name in PLUGINS}
+        out.update({name: _plain(asdict(getattr(self, name))) for name in GROUPS})
+        return out
+
+    def yaml(self) -> str:
+        """config.yaml: the settings as YAML, which `--config` reads back as the same settings."""
+        import yaml
+
+        return yaml.safe_dump(self.settings, sort_keys=False, allow_unicode=True)
+
+
+def _plain(value):
+    """Plain dicts, lists, numbers and strings: a range type's value (PositiveInt, Fraction, ...) as the plain int or
+    float (jsonargparse's range types would change NumPy's float32 promotion), a tuple as a list."""
+    if isinstance(value, dict):
+        return {key: _plain(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return value
 
 
 GROUPS = {
@@ -297,52 +333,15 @@ RESULT_NEUTRAL = {
 }
 
 
-def plugin_class(group: str, class_path: str | None) -> type | None:
-    """The class a plugin setting names (`group`: method, labeller or dataset; `class_path` as the settings record
-    it); one that cannot be imported (a settings record of someone else's plugin): the group's base class, whose
-    description every plugin of the group starts from. None: no plugin (the method's own labeller)."""
-    import importlib
-
-    if class_path is None:
-        return None
-    parts = class_path.split(".")
-    for cut in range(len(parts) - 1, 0, -1):  # the longest importable module, then attributes (nested classes)
-        try:
-            found = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        try:
-            for name in parts[cut:]:
-                found = getattr(found, name)
-        except AttributeError:
-            break
-        if isinstance(found, type):
-            return found
-        break
-    return _plugin_base(group)
-
-
-def _plugin_base(group: str) -> type:
-    if group == "method":
-        from fedur.methods.base import Method
-
-        return Method
-    if group == "labeller":
-        from fedur.labels.base import Labeller
-
-        return Labeller
-    from fedur.data.datasets import Dataset
-
-    return Dataset
-
-
 def plugin_described(flat: dict, attribute: str) -> dict[str, object]:
     """{"<group>.<arg>": value} of what the run's plugin classes (named in the flat settings, `flat_settings`) say
     of their settings: `attribute` "added_settings" (the value runs from before an argument ran with) or
     "result_neutral" (value None)."""
+    from fedur import plugins
+
     described = {}
     for group in PLUGINS:
-        cls = plugin_class(group, flat.get(group))
+        cls = plugins.by_path(group, flat.get(group))
         said = getattr(cls, attribute, None) or {}
         said = said if isinstance(said, dict) else dict.fromkeys(said)
         described.update({f"{group}.{arg}": value for arg, value in said.items()})

@@ -27,24 +27,25 @@ from lightning import Fabric
 from fedur.data.cache import CacheOptions, prepare_splits
 from fedur.data.datasets import DataOptions, ImageSplit, prepare_dataset
 from fedur.data.loaders import ImageLoader, in_batches
+from fedur.errors import FedurError
 from fedur.launch_env import LaunchEnv
 from fedur.methods.base import GlobalView
 from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
 from fedur.train import checkpoint
-from fedur.train.evaluate import server_counts
+from fedur.train.evaluate import prepared, scored_counts
 from fedur.train.setup import data_seed
 
 
-class CrossDatasetError(ValueError):
+class CrossDatasetError(FedurError, ValueError):
     """The run cannot be tested as asked; the message says why and what to do."""
 
 
 def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
     """Test the server model of the finished run in `run_dir` on the test split of the dataset `settings` name
     (fedur flags); returns (and writes to run_dir/cross_dataset/<key>.json) what was measured."""
-    from fedur.main import parse_config  # the entry point's parser: the same settings as the run's
+    from fedur.cli import parse_config  # the entry point's parser: the same settings as the run's
 
     run_dir = Path(run_dir).expanduser().resolve()
     committed = checkpoint.latest(run_dir)
@@ -57,7 +58,7 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
     if committed is None and summary.get("rounds_completed"):
         raise CrossDatasetError(f"{run_dir} holds no committed round: its checkpoints were removed")
     trained_on = json.loads((run_dir / "partition.json").read_text())["classnames"]
-    cfg, _ = parse_config(["--config", str(config), "--data.classnames_file", "null", "--data.template", "null",
+    cfg = parse_config(["--config", str(config), "--data.classnames_file", "null", "--data.template", "null",
                            "--data.test_fraction", "1.0", *settings])
     fabric = Fabric(accelerator=cfg.fabric.accelerator, devices=1, precision=LaunchEnv.read().resolved_precision(cfg.fabric))
     torch.manual_seed(cfg.run.seed)  # a random-init backbone is the run's (fedur/train/setup.py)
@@ -97,8 +98,8 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
 
     def batches():
         return zip(images.batches("test", plan), (labels[rows] for rows in plan))
-    counts = {"server": server_counts(fabric, method, model, server_model, batches()),
-              "zero_shot": server_counts(fabric, method, model, None, batches())}
+    counts = {"server": scored_counts(fabric, method, model, prepared(fabric, method, model, server_model), batches()),
+              "zero_shot": scored_counts(fabric, method, model, None, batches())}
     images.close()
     result = {
         "run": str(run_dir), "method": method.key, "trained_on": summary.get("dataset"), "dataset": target.name,
@@ -126,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name the target dataset: --dataset CLASS (and its --dataset.<arg> settings)")
     try:
         result = cross_dataset(args.run_dir, settings)
-    except (CrossDatasetError, FileNotFoundError) as err:
+    except FedurError as err:
+        print(f"fedur-cross-dataset: error: {err.one_line()}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
         print(f"fedur-cross-dataset: error: {err}", file=sys.stderr)
         return 2
     print(f"{result['method']} trained on {result['trained_on']}, tested on {result['dataset']} ({result['classes']} classes, "

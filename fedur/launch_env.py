@@ -10,10 +10,12 @@ fedur's timeout). After the launch, `fabric.world_size` and `fabric.global_rank`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -239,3 +241,47 @@ def software_environment(device: torch.device, environ: Mapping[str, str] = os.e
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_isa_caps": {name: environ[name] for name in AVX2_CAP if name in environ},
     }
+
+
+@dataclass
+class Startup:
+    """Where this process's time before round 1 goes (summary.json's startup_seconds): wall-clock marks (time.time())
+    of its start, of the end of its imports (what a run uses), and the seconds of the phases the round loop times."""
+
+    started: float  # the process's start (Linux: its start time in /proc; elsewhere: when fedur's entry began)
+    imported: float | None = None  # the run's modules imported
+    phases: dict[str, float] = field(default_factory=dict)  # setup, zero_shot: seconds
+
+    @classmethod
+    def now(cls, fallback: float) -> Startup:
+        """From this process's start where the system tells it, else from `fallback`."""
+        return cls(process_start() or fallback)
+
+    @contextlib.contextmanager
+    def timing(self, phase: str):
+        """The seconds of what runs inside, as the phase's."""
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] = time.perf_counter() - begin
+
+    def seconds(self, until: float) -> dict[str, float]:
+        """{imports, setup, zero_shot, other, total}: seconds up to `until` (round 1's start); other is the rest
+        (parsing, the launch, the run directory, the files written before round 1)."""
+        total = until - self.started
+        imports = 0.0 if self.imported is None else self.imported - self.started
+        parts = {"imports": imports, "setup": self.phases.get("setup", 0.0), "zero_shot": self.phases.get("zero_shot", 0.0)}
+        return {**parts, "other": total - sum(parts.values()), "total": total}
+
+
+def process_start() -> float | None:
+    """The wall-clock time this process started (Linux: from /proc, to 10 ms); None where it cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: the start, in clock ticks since boot
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None

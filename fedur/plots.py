@@ -1,6 +1,6 @@
 """fedur's figures with matplotlib (Agg, no display needed): client x class heatmaps of the split and of the
 selected pseudo-labels, the confusion matrix, and accuracy curves. Each function returns a Figure; `save`
-writes it as a PNG and closes it, and TensorBoard takes it directly (`SummaryWriter.add_figure`).
+writes it as a PNG and closes it; `rendered` draws it once into pixels that a PNG and TensorBoard both take.
 """
 
 from __future__ import annotations
@@ -181,4 +181,21 @@ def save(fig: Figure, path: Path | None) -> None:
     """Write `fig` as a PNG (unless `path` is None) and close it."""
     if path is not None:
         fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def rendered(fig: Figure) -> np.ndarray:
+    """(H, W, 3) uint8: the figure drawn once at its own dpi (100), for a PNG and TensorBoard alike."""
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def write_png(pixels: np.ndarray, path: Path) -> None:
+    """(H, W, 3) uint8 pixels as a PNG file."""
+    from PIL import Image
+
+    Image.fromarray(pixels).save(path, format="PNG")
+
+
+def close(fig: Figure) -> None:
     plt.close(fig)

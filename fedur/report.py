@@ -20,12 +20,13 @@ from pathlib import Path
 
 import yaml
 
+from fedur.errors import FedurError
 from fedur.metrics import best, fmt, round_numbers
 from fedur.plots import line_plot, save
 from fedur.train.progress import format_duration
 
 
-class ReportError(ValueError):
+class ReportError(FedurError, ValueError):
     """A path is not a run directory, or one of its files cannot be read."""
 
 
@@ -290,8 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         runs = load_runs(args.runs)
-    except ReportError as err:
-        print(f"fedur-report: error: {err}", file=sys.stderr)
+    except FedurError as err:
+        print(f"fedur-report: error: {err.one_line()}", file=sys.stderr)
         sys.exit(2)
     args.out.mkdir(parents=True, exist_ok=True)
     pngs = plot(runs, args.out)

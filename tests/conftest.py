@@ -102,6 +102,17 @@ def scalar_curve(log_dir: Path, tag: str, digits: int | None = None) -> list[tup
     return [(e.step, e.value if digits is None else round(e.value, digits)) for e in events]
 
 
+@pytest.fixture(scope="session")
+def tiny_runs(tmp_path_factory) -> Path:
+    """Every case of tests/shared_runs.py (each of fedur's methods, and one mechanism each) on 1 rank, run once for
+    the session in one process: what several test files compare their own runs with."""
+    from .shared_runs import every_case, run_all
+
+    root = tmp_path_factory.mktemp("shared")
+    run_all(every_case(), root)
+    return root
+
+
 class MainResult(NamedTuple):
     returncode: int
     stdout: str

@@ -3,11 +3,11 @@ relies on. Every method runs under `--fabric.precision bf16-mixed`:
 
 - on configs/tiny.yaml (2 rounds), every method (ZeroShot too): every number in metrics.jsonl (losses,
   accuracies, ...) and in summary.json is finite, and so is every saved prompt and statistic;
-- on the demo (configs/smoke.yaml, 5 rounds, seed 1; a baseline with its demo preset, as tests/test_learning.py and
+- on the demo (configs/smoke.yaml, 5 rounds, seed 1; each method with its demo preset, as tests/test_learning.py and
   benchmarks/demo_learning.py run it), every method that learns in float32 also learns under bf16: its final mean
   accuracy is above the run's own zero-shot client mean by at least half the float32 gain at seed 1. The float32
-  gains are taken from the README's table (seed 1, the demo's five rounds), not measured here; tests/test_learning.py
-  checks the float32 runs themselves.
+  gains are benchmarks/demo_learning.py's (benchmarks/results/demo_learning.json, seed 1), not measured here;
+  tests/test_learning.py checks the float32 runs themselves.
 
 Cost: bf16 on a CPU without AMX is 2-3x float32 on the demo (a non-AMX AVX2 CPU, emulated on an AMX one with
 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 and with mkldnn off: the seven demo runs ~165 s of CPU, the tiny
@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedur import plugins
+
 from .conftest import REPO, read_rounds
 
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
@@ -34,30 +36,17 @@ BF16 = ["--fabric.precision", "bf16-mixed", "--run.progress", "false"]
 TINY = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", *BF16]
 DEMO = ["--config", "configs/smoke.yaml", *BF16]
 
-# every method on the tiny model, for finiteness
-TINY_METHODS = ["FedUR", "FedCoPL", "PromptFL", "PromptProx", "PFedPrompt", "FedOTP", "GDAU", "ZeroShot", "SCAFFOLD",
-                "PromptFolio", "FedPGP", "FedTPG"]
+# every one of fedur's methods on the tiny model, for finiteness (found from the classes)
+TINY_METHODS = [cls.__name__ for cls in plugins.builtin("method")]
 
-# The demo at seed 1 in float32 (README, "Every method learns on the demo": the first of the five finals, zero-shot
-# client mean 55.30 for every method): method -> (flags as tests/test_learning.py gives them, float32 final).
-FP32_ZERO_SHOT = 55.30
-DEMO_METHODS = {
-    "fedur": ([], 72.91),
-    "fedcopl": (["--method", "FedCoPL"], 69.34),
-    "promptfl": (["--config", "configs/presets/demo/promptfl.yaml"], 58.71),
-    "promptprox": (["--config", "configs/presets/demo/promptprox.yaml"], 58.71),
-    "pfedprompt": (["--config", "configs/presets/demo/pfedprompt.yaml"], 67.31),
-    "fedotp": (["--config", "configs/presets/demo/fedotp.yaml"], 57.09),
-    "gdau": (["--method", "GDAU"], 89.65),
-    "scaffold": (["--method", "SCAFFOLD", "--optim.momentum", "0", "--optim.weight_decay", "0", "--optim.schedule", "constant"],
-                 73.42),
-    "promptfolio": (["--config", "configs/presets/demo/promptfolio.yaml"], 62.50),
-    "fedtpg": (["--config", "configs/presets/demo/fedtpg.yaml"], 60.38),
-    "fedpgp": (["--config", "configs/presets/demo/fedpgp.yaml"], 57.91),
-}
-# two processes of about the same cost
-LANES = (["fedur", "fedcopl", "fedotp", "scaffold", "promptfolio"],
-         ["promptfl", "promptprox", "pfedprompt", "gdau", "fedtpg", "fedpgp"])  # and the tiny runs
+# The demo at seed 1 in float32, as benchmarks/demo_learning.py measured it (benchmarks/results/demo_learning.json,
+# seed 1): method key -> (its demo flags, as tests/test_learning.py gives them, float32 final); every method with rounds.
+MEASURED = json.loads((REPO / "benchmarks" / "results" / "demo_learning.json").read_text())["variants"]
+DEMO_METHODS = {cls.key: (plugins.demo_flags(cls), MEASURED.get(cls.key, {}).get("1", {}).get("final"))
+                for cls in plugins.builtin("method") if cls().rounds(1)}
+FP32_ZERO_SHOT = MEASURED["fedur"]["1"]["zero_shot"]  # the same for every method: the demo's seed 1
+# two processes of about the same cost: the demo runs dealt in turn, the tiny runs with the second
+LANES = (list(DEMO_METHODS)[0::2], list(DEMO_METHODS)[1::2])
 
 
 def run_dirs(root: Path) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -144,8 +133,9 @@ def test_every_method_that_learns_in_fp32_learns_under_bf16(runs, name):
     s = summary(run_dirs(runs)[1][name])
     assert s["settings"]["fabric"]["precision"] == "bf16-mixed" and s["rounds_completed"] == 5
     assert s["method"] == name
+    assert DEMO_METHODS[name][1] is not None, f"{name} at seed 1 in float32 is not measured: benchmarks/demo_learning.py"
     fp32_gain = DEMO_METHODS[name][1] - FP32_ZERO_SHOT
-    assert fp32_gain > 1  # it learns in float32 (README, seed 1)
+    assert fp32_gain > 1  # it learns in float32 (benchmarks/results/demo_learning.json, seed 1)
     # bf16 moves zero-shot a little (the towers run in bf16; 55.63 on AMX and on AVX2), not far
     assert abs(s["zero_shot_client_mean"] - FP32_ZERO_SHOT) < 3, s["zero_shot_client_mean"]
     assert s["final_mean_accuracy"] >= s["zero_shot_client_mean"] + fp32_gain / 2, (

@@ -1,12 +1,14 @@
 import re
 import time
-from argparse import ArgumentError
 
+import numpy as np
 import pytest
 
+from fedur.cli import parse_config
 from fedur.config import GROUPS
+from fedur.errors import CommandLineError, ConfigError
 from fedur.launch_env import LaunchEnv
-from fedur.main import ConfigError, parse_config, validate
+from fedur.settle import settle
 
 
 def test_help_documents_every_option(run_main):
@@ -27,7 +29,7 @@ def test_print_config_and_overrides(run_main):
 def test_overrides_and_later_configs_win(tmp_path):
     extra = tmp_path / "extra.yaml"
     extra.write_text("federation:\n  beta: 0.05\n")
-    cfg, _ = parse_config(["--config", "configs/cifar10.yaml", "--config", str(extra), "--optim.lr", "0.2"])
+    cfg = parse_config(["--config", "configs/cifar10.yaml", "--config", str(extra), "--optim.lr", "0.2"])
     assert cfg.federation.beta == 0.05 and cfg.optim.lr == 0.2 and cfg.model.name == "ViT-B-32"
 
 
@@ -50,7 +52,7 @@ def test_overrides_and_later_configs_win(tmp_path):
 )
 def test_settings_out_of_range_fail_at_parse_time(override, message):
     """The ranges live in config.py's annotations: jsonargparse refuses such values and --help shows them."""
-    with pytest.raises(ArgumentError) as error:
+    with pytest.raises(CommandLineError) as error:
         parse_config(["--config", "configs/tiny.yaml", *override])
     assert message in " ".join(str(error.value).split())
 
@@ -66,9 +68,9 @@ def test_settings_out_of_range_fail_at_parse_time(override, message):
     ],
 )
 def test_settings_that_do_not_fit_together_fail_before_compute(override, message):
-    cfg, _ = parse_config(["--config", "configs/tiny.yaml", *override])
+    cfg = parse_config(["--config", "configs/tiny.yaml", *override])
     with pytest.raises(Exception, match=re.escape(message)):
-        validate(cfg, LaunchEnv.read({}))
+        settle(cfg, LaunchEnv.read({}))
 
 
 def test_bad_input_exits_2_and_touches_nothing(tmp_path, run_main):
@@ -107,9 +109,9 @@ def test_precision_auto_and_fabric_run_flags():
     assert cli.cli and not cli.is_rank_zero and cli.expected_world_size(FabricConfig()) == 3
     assert LaunchEnv.read({"LT_DEVICES": "4", "LT_NUM_NODES": "2"}).expected_world_size(FabricConfig(accelerator="cpu")) == 8
     assert not LaunchEnv.read({"LOCAL_RANK": "1"}).is_rank_zero  # Fabric's own launcher's second process
-    cfg, _ = parse_config(["--config", "configs/tiny.yaml"])
+    cfg = parse_config(["--config", "configs/tiny.yaml"])
     with pytest.raises(ConfigError, match="GradScaler"):
-        validate(cfg, LaunchEnv.read({"LT_PRECISION": "16-mixed"}))
+        settle(cfg, LaunchEnv.read({"LT_PRECISION": "16-mixed"}))
 
 
 def snapshot(root) -> dict:
@@ -123,11 +125,11 @@ def snapshot(root) -> dict:
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     """A one-round smoke run with its committed checkpoint."""
-    from fedur.main import run
+    from fedur.run import run
 
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    cfg, config_yaml = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(run_dir)])
-    run(cfg, config_yaml)
+    cfg = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(run_dir)])
+    run(cfg)
     return run_dir
 
 
@@ -153,12 +155,16 @@ def bad_input_case(case: str, tmp_path, finished_run):
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     fresh = ["--run.output_dir", str(tmp_path / "new-run")]
-    if case == "corrupt checkpoint" or case == "changed settings":
+    if case in ("corrupt checkpoint", "changed settings", "metrics cut mid-line"):
         copy = inputs / "run"
         shutil.copytree(finished_run, copy)
         resume = ["--run.resume", "true", "--run.output_dir", str(copy)]
         if case == "changed settings":
             return [*resume, "--model.n_ctx", "8"], "model.n_ctx: 4 (checkpoint) -> 8 (now)"
+        if case == "metrics cut mid-line":  # the checkpoint is newer than the metrics: refused after the data loaded
+            metrics = copy / "metrics.jsonl"
+            metrics.write_bytes(metrics.read_bytes()[:40])
+            return [*resume, "--federation.rounds", "2"], "holds only 0 complete rounds"
         victim = copy / "checkpoints" / "round_00001" / "client_002.pt"
         victim.write_bytes(victim.read_bytes()[:100])
         return resume, f"checkpoint file {victim} is corrupt"
@@ -175,6 +181,21 @@ def bad_input_case(case: str, tmp_path, finished_run):
         return [*fresh, "--model.name", "ViT-B-32", "--model.pretrained", str(weights)], (
             f"model.pretrained={weights} does not fit model.name=ViT-B-32: "
         )
+    if case == "client folder grew":  # a client's own folder gained an image since the run: its split differs
+        from fedur.run import run
+
+        from .own_data import write_client_folders, write_images
+
+        names = write_client_folders(inputs / "data", clients=2, classes=2, train_per_client=12, test_per_client=4)
+        own = ["--dataset", "ClientFolders", "--dataset.root", str(inputs / "data"), "--data.classnames_file", str(names),
+               "--federation.partition", "clients", "--federation.min_train_per_client", "1", "--run.progress", "false"]
+        run(parse_config(["--config", "configs/tiny.yaml", *own, "--federation.rounds", "1",
+                          "--run.output_dir", str(inputs / "run")]))
+        write_images(inputs / "data" / "clients" / "site_01" / "train", np.zeros((1, 32, 32, 3), dtype=np.uint8), start=900)
+        return [*own, "--federation.rounds", "2", "--run.resume", "true", "--run.output_dir", str(inputs / "run")], (
+            "client 1: its train_indices differ from the checkpoint's")
+    if case == "no such domain":
+        return [*fresh, "--evaluation.held_out_domain", "photo"], "synthetic has no domains"
     if case == "bad model json":
         (inputs / "broken.json").write_text("{not json")
         return [*fresh, "--model.name", "broken", "--model.config_file", str(inputs / "broken.json")], "is not valid JSON"
@@ -215,10 +236,12 @@ def bad_input_case(case: str, tmp_path, finished_run):
         "unknown dataset", "unknown model", "bad model json", "truncated weights", "weights of another architecture",
         "missing checkpoint", "corrupt checkpoint", "resume without a directory",
         "changed settings", "empty class", "names mismatch", "corrupt image", "run directory taken", "shared momentum in groups",
-        "old settings",
+        "old settings", "metrics cut mid-line", "client folder grew", "no such domain",
     ],
 )
 def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tmp_path, finished_run, run_main):
+    """One line, no traceback, and every file as it was (a refused resume's run directory too, its fedur.lock
+    included: the refused process is not named as its owner)."""
     args, message = bad_input_case(case, tmp_path, finished_run)
     before, finished_before = snapshot(tmp_path), snapshot(finished_run)
     result = run_main("--config", "configs/tiny.yaml", *args)
@@ -244,9 +267,9 @@ def test_check_data_prints_counts_and_trains_nothing(tmp_path, run_main):
 @pytest.mark.parametrize("flags", [[], ["--method", "PFedPrompt", "--method.cache_shots", "null", "--run.threads", "null"]])
 def test_the_config_yaml_a_run_writes_reads_back_as_the_same_settings(tmp_path, flags):
     """config.yaml is the run's settings: a null in it (tiny's model.pretrained) must not read back as the default."""
-    cfg, config_yaml = parse_config(["--config", "configs/tiny.yaml", *flags])
-    (tmp_path / "config.yaml").write_text(config_yaml)
-    again, _ = parse_config(["--config", str(tmp_path / "config.yaml")])
+    cfg = parse_config(["--config", "configs/tiny.yaml", *flags])
+    (tmp_path / "config.yaml").write_text(cfg.yaml())
+    again = parse_config(["--config", str(tmp_path / "config.yaml")])
     assert again.settings == cfg.settings and again.model.pretrained is None
 
 

@@ -54,3 +54,64 @@ def test_import_cycles_finds_a_circle_through_type_checking_imports(tmp_path):
     (package / "d.py").write_text("from pkg import a\n")
     assert import_cycles(package) == [["pkg.a", "pkg.b", "pkg.c"]]
     assert module_imports(package)["pkg.d"] == {"pkg", "pkg.a"}
+
+
+# The import layers, lowest first: a module imports from its own layer or below, never above (fedur/data and
+# fedur/model sit side by side and import neither the other). At the bottom what every layer may use (the error type,
+# value ranges, metrics and figures, the plugin lookup, which imports the plugin packages by name only when asked);
+# above the library the typed settings (which hold the plugins) and the launch environment; then the training layer;
+# above them all the entry points and tools at fedur/'s top (cli, settle, run, main, report, cross_dataset, tables).
+# fedur/model/demo_clip.py trains the demo CLIP offline (not part of a run) on the generated shapes and reports
+# FedOTP's logits on its card: the one module of the library that reads data and methods.
+LAYERS = (("fedur.errors", "fedur.ranges", "fedur.network", "fedur.metrics", "fedur.plots", "fedur.plugins"),
+          ("fedur.data", "fedur.model"), ("fedur.labels",), ("fedur.federated",), ("fedur.methods",),
+          ("fedur.config", "fedur.launch_env"), ("fedur.train",))
+SIDE_BY_SIDE = 1  # the layer whose packages import neither the other
+LAYERING_EXCEPTIONS = {"fedur.model.demo_clip"}
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    for level, names in enumerate(LAYERS):
+        for name in names:
+            if module == name or module.startswith(name + "."):
+                return level, name
+    return None
+
+
+def test_the_library_imports_downwards_only():
+    graph = module_imports(FEDUR)
+    wrong = []
+    for module, targets in graph.items():
+        mine = layer_of(module)
+        if mine is None or module in LAYERING_EXCEPTIONS:
+            continue
+        for target in targets:
+            theirs = layer_of(target) if target.startswith("fedur.") else (-1, "")
+            if theirs is None or theirs[0] > mine[0] or (theirs[0] == mine[0] == SIDE_BY_SIDE and theirs[1] != mine[1]):
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, wrong
+    assert all(layer_of(m) is not None or m.count(".") <= 1 or m.startswith("fedur.tables") for m in graph), \
+        "every module of fedur is in a layer, or an entry point at the top"
+
+
+def test_architecture_md_names_every_module_of_fedur():
+    """docs/architecture.md's file map lists every module under fedur/ and none that is not there."""
+    text = (FEDUR.parent / "docs" / "architecture.md").read_text()
+    block = text.split("```\nfedur/\n", 1)[1].split("```", 1)[0]
+    named, folders = set(), []  # folders: (indent, name) of the enclosing folders
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        head = line.strip().split("  ")[0]  # the names, before the description
+        if not (head.endswith("/") or ".py" in head):
+            continue  # a description's continuation
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        if head.endswith("/"):
+            folders.append((indent, head.rstrip("/")))
+            continue
+        prefix = "/".join(name for _, name in folders)
+        named |= {f"{prefix}/{name.strip()}" if prefix else name.strip() for name in head.split(",") if name.strip().endswith(".py")}
+    actual = {str(p.relative_to(FEDUR)) for p in FEDUR.rglob("*.py") if p.name != "__init__.py" and "configs" not in p.parts}
+    assert named == actual, {"not in the map": sorted(actual - named), "in the map, not in fedur/": sorted(named - actual)}

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from fedur.cli import parse_config
 from fedur.cross_dataset import main as cross_dataset_main
-from fedur.main import parse_config, run
+from fedur.run import run
 
 pytestmark = pytest.mark.slow  # a whole fedur run
 
@@ -20,8 +21,8 @@ def finished(tmp_path_factory):
     for name, flags in {"fedur": [], "mean": ["--method.global_text", "mean", "--evaluation.new_clients", "1"],
                         "gdau": ["--method", "GDAU"], "zeroshot": ["--method", "ZeroShot"]}.items():
         run_dir = tmp_path_factory.mktemp(name) / "run"
-        cfg, config_yaml = parse_config([*TINY, *flags, "--run.output_dir", str(run_dir)])
-        run(cfg, config_yaml)
+        cfg = parse_config([*TINY, *flags, "--run.output_dir", str(run_dir)])
+        run(cfg)
         runs[name] = run_dir
     return runs
 

@@ -74,18 +74,18 @@ def test_tensorboard_holds_every_documented_tag(runs):
 
 
 def _no_hidden_sync_worker(fabric, config_args, run_dir):
+    from fedur.cli import parse_config
     from fedur.federated.collectives import Collectives
-    from fedur.main import parse_config
     from fedur.model.clip import load_clip
     from fedur.train.fit import fit
     from fedur.train.run_dir import RunDir
 
-    cfg, config_yaml = parse_config(config_args)
+    cfg = parse_config(config_args)
     torch.set_num_threads(1)
     if fabric.is_global_zero:
         Path(run_dir).mkdir()
     fabric.barrier()
-    result = fit(fabric, cfg, RunDir(run_dir), config_yaml)
+    result = fit(fabric, cfg, RunDir(run_dir))
 
     texts = Collectives(fabric).gather_clients(
         {c.client_id: c.pieces["text_ctx"] for c in result.clients}, 4, like=result.clients[0].pieces["text_ctx"], what="text prompts"
@@ -111,14 +111,15 @@ def test_no_hidden_sync_across_ranks(tmp_path):
 def test_more_ranks_than_clients_spare_ranks_join_every_exchange(tmp_path):
     """One client on 2 ranks (as CUB's 5 clients on 8 GPUs): rank 1 hosts none, takes part in every
     collective, and the run equals the same run on 1 rank."""
-    from fedur.main import parse_config, run
+    from fedur.cli import parse_config
+    from fedur.run import run
 
     args = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.num_clients", "1"]
     fabric = str(Path(sys.executable).parent / "fabric")
     two = run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
                   "fedur/main.py", *args, "--run.output_dir", str(tmp_path / "two")])
-    cfg, config_yaml = parse_config([*args, "--run.output_dir", str(tmp_path / "one")])
-    run(cfg, config_yaml)
+    cfg = parse_config([*args, "--run.output_dir", str(tmp_path / "one")])
+    run(cfg)
     assert_same_results(tmp_path / "two", tmp_path / "one", num_clients=1)
     placement = json.loads((tmp_path / "two" / "placement.json").read_text())["ranks"]
     assert [r["clients"] for r in placement] == [[0], []]

@@ -21,40 +21,26 @@ from fedur.main import main
 
 from .conftest import read_rounds
 from .own_data import ScrambledSynthetic
+from .shared_runs import SHARED, method_cases
 from .test_resume import tensors_of
 
-pytestmark = pytest.mark.slow  # 26 whole (tiny) runs
+pytestmark = pytest.mark.slow  # whole (tiny) runs
 
 MONITORING = {"pseudo_label_accuracy", "round_seconds", "phase_seconds"}  # what may differ, and timing
-# Every method once, every labeller at least once; two refreshes (the second from trained prompts).
-CASES = {
-    "fedur-codpl": ["--method", "FedUR"],
-    "fedcopl-copl": ["--method", "FedCoPL"],
-    "promptfl-fpl": ["--method", "PromptFL"],
-    "promptprox-cpl": ["--method", "PromptProx", "--labeller", "CPL"],
-    "pfedprompt-fpl": ["--method", "PFedPrompt", "--method.cache_shots", "4"],
-    "fedotp-codpl": ["--method", "FedOTP", "--labeller", "CoDPL"],
-    "gdau": ["--method", "GDAU"],
-    "zeroshot": ["--method", "ZeroShot"],
-    "fedur-fpl": ["--method", "FedUR", "--labeller", "FPL"],
-    "promptfolio-copl": ["--method", "PromptFolio", "--labeller", "CoPL"],
-    "scaffold-codpl": ["--method", "SCAFFOLD"],
-    "fedpgp-cpl": ["--method", "FedPGP", "--labeller", "CPL"],
-    "fedtpg-fpl": ["--method", "FedTPG"],
-}
-COMMON = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.refresh_every", "1",
-          "--run.progress", "false"]
-SYNTHETIC = ["--dataset.classes", "5", "--dataset.train_per_class", "60", "--dataset.test_per_class", "20"]
+CASES = method_cases()  # every one of fedur's methods, every labeller at least once (tests/shared_runs.py)
+SYNTHETIC = ["--dataset.classes", "5", "--dataset.train_per_class", "60", "--dataset.test_per_class", "20"]  # tiny's
 PERMUTATION_SEED = 3  # [3 4 1 0 2]: no label keeps its value
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tiny_runs, tmp_path_factory):
+    """<case>-drawn: the session's shared run; <case>-scrambled: the same on scrambled train labels, its split read
+    back from the drawn run's partition.json."""
     root = tmp_path_factory.mktemp("blind")
     for name, extra in CASES.items():
         drawn, scrambled = root / f"{name}-drawn", root / f"{name}-scrambled"
-        main([*COMMON, *extra, "--run.output_dir", str(drawn)])
-        main([*COMMON, *extra, "--dataset", "tests.own_data.ScrambledSynthetic", *SYNTHETIC,
+        drawn.symlink_to(tiny_runs / name)
+        main([*SHARED, *extra, "--dataset", "tests.own_data.ScrambledSynthetic", *SYNTHETIC,
               "--dataset.permutation_seed", str(PERMUTATION_SEED), "--federation.partition", "file",
               "--federation.partition_file", str(drawn / "partition.json"), "--run.output_dir", str(scrambled)])
     return root
@@ -97,12 +83,13 @@ def test_scrambled_train_labels_change_nothing_but_the_monitoring(runs, name):
 def test_the_rank_holds_no_train_label(tmp_path):
     """The structural half: after the split, the train split a rank trains from carries no labels, and what the
     rank predicts on its train images comes with none (-1); the true labels stay with the monitoring."""
-    from fedur.main import parse_config, run
-    from fedur.train.rank import UNLABELLED
+    from fedur.cli import parse_config
+    from fedur.run import run
+    from fedur.train.host import UNLABELLED
 
-    cfg, config_yaml = parse_config([*COMMON, "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run")])
-    result = run(cfg, config_yaml)
-    assert result.rank.dataset.train.labels is None and result.rank.dataset.test.labels is not None
-    _, labels = result.rank.predict("train")[0]
+    cfg = parse_config([*SHARED, "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run")])
+    result = run(cfg)
+    assert result.host.dataset.train.labels is None and result.host.dataset.test.labels is not None
+    _, labels = result.host.predict("train")[0]
     assert len(labels) == len(result.clients[0].train_indices) > 0 and (labels == UNLABELLED).all()
     assert json.loads((tmp_path / "run" / "partition.json").read_text())["train"] is not None  # monitoring had them

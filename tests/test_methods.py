@@ -1,71 +1,29 @@
 """Every method and every pseudo-labeller on the one round loop: each runs two rounds on 2 ranks under
-`fabric run` with the same results as on 1 rank, and does what makes it that method. (FedUR and FedCoPL
-are checked the same way on the demo in tests/test_learning.py.)"""
+`fabric run` with the same results as on 1 rank (the session's shared runs, tests/shared_runs.py), and does what
+makes it that method. The cases are every one of fedur's methods (found from the classes) and one mechanism each.
+(Each method on the demo, on 2 ranks against 1 too: tests/test_learning.py.)"""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import assert_same_results, free_port, read_rounds, run_ok
+from .conftest import assert_same_results, read_rounds
+from .shared_runs import every_case, run_all
 
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
 
-# Each method once, and each labeller at least once beside a method that is not its own.
-CASES = {
-    "promptfl-fpl": ["--method", "PromptFL"],
-    "promptprox-cpl": ["--method", "PromptProx", "--labeller", "CPL", "--labeller.per_class", "grip",
-                       "--federation.refresh_every", "1"],
-    "pfedprompt-copl": ["--method", "PFedPrompt", "--labeller", "CoPL", "--method.cache_shots", "4"],
-    "fedotp-codpl": ["--method", "FedOTP", "--labeller", "CoDPL"],
-    "zeroshot": ["--method", "ZeroShot"],
-    # FedUR with clients trained together in fixed groups {0, 1, 2} and {3}: placed whole, so 2 ranks equal 1
-    "fedur-grouped": ["--run.clients_per_step", "3"],
-    # pFedPrompt's logits read each client's cache: grouped, its per-client forward runs once per client
-    "pfedprompt-grouped": ["--method", "PFedPrompt", "--run.clients_per_step", "2"],
-    # training-free, no labeller: the server sums the clients' statistics; half the clients take part each round
-    "gdau-join": ["--method", "GDAU", "--federation.join_rate", "0.5"],
-    # control variates in every client's extra and the server's state; their deltas sent as messages
-    "scaffold-join": ["--method", "SCAFFOLD", "--federation.join_rate", "0.75"],
-    # a global text prompt averaged, a local one kept, their class features mixed
-    "promptfolio-cpl": ["--method", "PromptFolio", "--labeller", "CPL"],
-    # a global text prompt averaged, a personal low-rank term kept, a contrastive loss
-    "fedpgp-codpl": ["--method", "FedPGP", "--labeller", "CoDPL", "--method.rank", "2"],
-    # one prompt generator shared by every client, conditioned on the class names
-    "fedtpg-copl": ["--method", "FedTPG", "--labeller", "CoPL"],
-    # a piece of a plugin's own (an adapter on the image features), personal
-    "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],
-    # client 3 held out of every round, then adapting alone; the server's model with the clients' mean context
-    "fedur-new-clients": ["--evaluation.new_clients", "1", "--method.global_text", "mean"],
-    # base-to-novel: the tiny data's first 3 classes trained, the other 2 tested with their names (a generator
-    # conditioned on the names; FedUR's server model with the clients' mean context)
-    "fedtpg-base-to-novel": ["--method", "FedTPG", "--evaluation.base_to_novel", "true"],
-    "fedur-base-to-novel": ["--evaluation.base_to_novel", "true", "--method.global_text", "mean"],
-    # leave-one-domain-out: photo and sketch over 2 clients each, mosaic's test images for the server's model only
-    "promptfl-held-out-domain": ["--method", "PromptFL", "--dataset", "SyntheticDomains", "--dataset.classes", "5",
-                                 "--dataset.train_per_class", "12", "--dataset.test_per_class", "4",
-                                 "--dataset.domains", "[photo, sketch, mosaic]", "--federation.partition", "domain_dirichlet",
-                                 "--federation.clients_per_domain", "2", "--evaluation.held_out_domain", "mosaic"],
-    # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
-    "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",
-                               "--evaluation.new_client_labels", "zero_shot", "--evaluation.new_client_epochs", "1"],
-}
+CASES = every_case()
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tiny_runs, tmp_path_factory):
+    """root/<case>-1: the shared 1-rank run; root/<case>-2: the same on 2 ranks, all in one `fabric run`."""
     root = tmp_path_factory.mktemp("methods")
-    common = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--run.progress", "false"]
-    argv = {(name, ranks): [*common, *extra, "--run.output_dir", str(root / f"{name}-{ranks}")]
-            for name, extra in CASES.items() for ranks in (1, 2)}
-    one = [json.dumps(a) for (name, ranks), a in argv.items() if ranks == 1]
-    two = [json.dumps(a) for (name, ranks), a in argv.items() if ranks == 2]
-    fabric = str(Path(sys.executable).parent / "fabric")
-    run_ok([sys.executable, "tests/run_many.py", *one], timeout=600)
-    run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
-            "tests/run_many.py", *two], timeout=600)
+    for name in CASES:
+        (root / f"{name}-1").symlink_to(tiny_runs / name)
+    run_all({f"{name}-2": flags for name, flags in CASES.items()}, root, ranks=2)
     return root
 
 
@@ -83,36 +41,46 @@ def test_two_ranks_equal_one(runs, name):
         assert [r["clients"] for r in ranks] == [[0, 1, 2], [3]]
 
 
+def test_the_cases_cover_every_method_and_labeller():
+    from fedur import plugins
+
+    flags = [" ".join(f) for f in CASES.values()]
+    for cls in plugins.builtin("method"):
+        assert any(f"--method {cls.__name__}" in f for f in flags), cls
+    for cls in plugins.builtin("labeller"):
+        assert any(f"--labeller {cls.__name__}" in f for f in flags), cls
+
+
 def client_prompts(run_dir: Path) -> list[dict]:
     return [torch.load(run_dir / "prompts" / f"client_{k:03d}.pt", weights_only=True) for k in range(4)]
 
 
 def test_promptfl_shares_one_text_prompt_and_no_visual_prompt(runs):
-    clients = client_prompts(runs / "promptfl-fpl-2")
+    clients = client_prompts(runs / "promptfl-2")
     assert all(set(c) == {"client_id", "text_ctx"} for c in clients)
     assert all(torch.equal(c["text_ctx"], clients[0]["text_ctx"]) for c in clients)
-    row = read_rounds(runs / "promptfl-fpl-2")[0]
+    row = read_rounds(runs / "promptfl-2")[0]
     assert set(row["prompt_divergence"]) == {"text_ctx"}
     per_class = [n for client in row["selection"] for n in client]  # (K, C) selected at the refresh
     assert max(per_class) == 16  # FPL: the 16 most confident per class and client, fewer where fewer are predicted
 
 
 def test_cpl_trains_on_candidate_sets(runs):
-    summary = json.loads((runs / "promptprox-cpl-2" / "summary.json").read_text())
+    summary = json.loads((runs / "promptprox-grip-2" / "summary.json").read_text())
     assert summary["method"] == "promptprox" and summary["labeller"] == "cpl"
-    last = sorted((runs / "promptprox-cpl-2" / "checkpoints").glob("round_*"))[-1]
+    last = sorted((runs / "promptprox-grip-2" / "checkpoints").glob("round_*"))[-1]
     state = torch.load(last / "client_000.pt", weights_only=True)
     mask, labels = state["pseudo_labels"]["mask"], state["pseudo_labels"]["labels"]
     assert bool(mask[torch.arange(len(labels)), labels].all())  # the label is in its candidate set
     # GRIP's pools at the second refresh (t = 1): K = max(1, int(2 * int(n_k / 10) / C)) per class (C = 5)
     pools, n_k = state["pseudo_labels"]["pools"], len(state["train_indices"])
     assert len(pools) == len(labels) and torch.bincount(pools).max() <= max(1, 2 * (n_k // 10) // 5) < 16
-    first, second = (sum(row["selected"]) for row in read_rounds(runs / "promptprox-cpl-2"))
+    first, second = (sum(row["selected"]) for row in read_rounds(runs / "promptprox-grip-2"))
     assert second > first  # the pools grew from the first refresh to the second
 
 
 def test_pfedprompt_keeps_a_bounded_cache_of_its_most_confident_pseudo_labels(runs):
-    state = torch.load(next((runs / "pfedprompt-copl-2" / "checkpoints").glob("round_*/client_001.pt")), weights_only=True)
+    state = torch.load(next((runs / "pfedprompt-2" / "checkpoints").glob("round_*/client_001.pt")), weights_only=True)
     keys, labels = state["extra"]["cache_keys"], state["extra"]["cache_labels"]
     selected, confidence = state["pseudo_labels"]["labels"], state["pseudo_labels"]["confidence"]
     assert len(keys) == len(labels) > 0 and torch.allclose(keys.norm(dim=-1), torch.ones(len(keys)), atol=1e-5)
@@ -122,7 +90,7 @@ def test_pfedprompt_keeps_a_bounded_cache_of_its_most_confident_pseudo_labels(ru
     assert torch.bincount(labels).max() <= 4
 
 
-@pytest.mark.parametrize("name", ["fedotp-codpl", "promptfolio-cpl"])
+@pytest.mark.parametrize("name", ["fedotp", "promptfolio"])
 def test_a_global_prompt_is_shared_and_the_local_one_kept(runs, name):
     clients = client_prompts(runs / f"{name}-2")
     assert all(torch.equal(c["text_ctx"], clients[0]["text_ctx"]) for c in clients)
@@ -158,9 +126,9 @@ def test_new_clients_never_take_part_and_are_tested_as_they_arrive_and_after_ada
 
 def test_where_every_piece_is_shared_the_server_model_is_every_clients_so_global_pools_their_tests(runs):
     """PromptFL's clients all hold the global prompt, and the tiny config's client test sets partition the test set:
-    the global accuracy is the personal one pooled over the test images, up to how batches round."""
-    for row in read_rounds(runs / "promptfl-fpl-1"):
-        assert row["global_accuracy"] == pytest.approx(row["weighted_accuracy"], abs=1.0)  # 1 of 100 test images
+    the global accuracy is the personal one pooled over the test images, exactly (one pass scores both)."""
+    for row in read_rounds(runs / "promptfl-1"):
+        assert row["global_accuracy"] == row["weighted_accuracy"]  # the same model, the same pass over the images
         assert row["dual_accuracy"] == pytest.approx(2 * row["mean_accuracy"] * row["global_accuracy"]
                                                      / (row["mean_accuracy"] + row["global_accuracy"]))
 

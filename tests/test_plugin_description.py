@@ -6,13 +6,13 @@ import json
 import shutil
 import subprocess
 import sys
-from argparse import ArgumentError
 from dataclasses import replace
 
 import pytest
 
+from fedur.cli import MESSAGES, legacy_keys, parse_config
 from fedur.config import result_settings
-from fedur.main import MESSAGES, legacy_keys, parse_config
+from fedur.errors import CommandLineError
 from fedur.train.run_dir import changed_settings
 
 from .conftest import REPO
@@ -33,30 +33,37 @@ def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
     assert Labeller.result_neutral == () and "labels." in Labeller.old_keys
     classes = dataset_classes()
     assert classes["cifar10"].result_neutral == ("root", "download") and "data.name" in classes["cub"].old_keys
-    # the lookups the tables kept by hand, now read from the classes: the same values
-    assert grids.METHOD_CLASSES == {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL", "promptprox": "PromptProx",
-                                    "pfedprompt": "PFedPrompt", "fedotp": "FedOTP", "zeroshot": "ZeroShot", "gdau": "GDAU",
-                                    "fedpgp": "FedPGP", "fedtpg": "FedTPG", "promptfolio": "PromptFolio",
-                                    "scaffold": "SCAFFOLD"}  # the last four added since
+    # the lookups the tables kept by hand, now read from the classes: the same values, and every method fedur has
+    assert grids.METHOD_CLASSES.items() >= {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL",
+                                            "promptprox": "PromptProx", "pfedprompt": "PFedPrompt", "fedotp": "FedOTP",
+                                            "zeroshot": "ZeroShot", "gdau": "GDAU", "fedpgp": "FedPGP", "fedtpg": "FedTPG",
+                                            "promptfolio": "PromptFolio", "scaffold": "SCAFFOLD"}.items()
+    from fedur import plugins
+
+    assert set(grids.METHOD_CLASSES.values()) == set(plugins.names("method"))
     assert grids.LABELLER_CLASSES == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
     assert grids.BASELINE_LABELS == {"promptfl": "PromptFL", "promptprox": "PromptProx", "pfedprompt": "pFedPrompt",
                                      "fedotp": "FedOTP"}
     assert grids.LABELLER_LABELS == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
-    assert grids.PRESETS == ("promptfl", "promptprox", "pfedprompt", "fedotp", "fedpgp", "fedtpg", "promptfolio")
+    assert set(grids.PRESETS) == {"promptfl", "promptprox", "pfedprompt", "fedotp", "fedpgp", "fedtpg", "promptfolio"}
+    assert grids.NEW_BASELINES == ("fedpgp", "fedtpg", "promptfolio", "scaffold")  # every method beside the paper's
     assert grids.DATASET_LABELS == {"dtd": "DTD", "resisc45": "RESISC45", "cub": "CUB", "ucf101": "UCF101",
                                     "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
     assert [r.labels for r in grids.PAPER_ROWS[:3]] == [("CLIP (zero-shot)", "-"), ("GDA-U", "EM"), ("PromptFL", "FPL")]
     assert grids.METHODS["pfedprompt"] is PFedPrompt
-    assert legacy_keys().items() >= {  # what main.py listed by hand
-        "method.name": "--method CLASS (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU)",
-        "method.labeller": "--labeller CLASS (FPL, CPL, CoPL, CoDPL)",
+    keys = legacy_keys()  # what main.py listed by hand, its names now fedur's own classes of each kind
+    assert keys.items() >= {
         "labels.": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
-        "data.name": "--dataset CLASS (CIFAR10, CUB, ImageFolder, Synthetic, ...)",
         "data.root": "--dataset.root",
         "method.prox_mu": "--method PromptProx --method.mu",
         "method.ot_": "--method FedOTP --method.eps / top_percent / max_iter / thresh",
         "run.fault": "the FEDUR_FAULT environment variable (fedur/train/faults.py)",
     }.items()
+    from fedur import plugins
+
+    for old, kind in (("method.name", "method"), ("method.labeller", "labeller"), ("data.name", "dataset")):
+        assert keys[old].endswith(f"CLASS ({', '.join(plugins.names(kind))})"), keys[old]
+    assert {"FedUR", "SCAFFOLD", "FedTPG", "ZeroShot"} <= set(plugins.names("method"))  # every method, not 8 of them
 
 
 # What config.py's RESULT_NEUTRAL and run_dir.py's ADDED_SETTINGS listed by hand before the classes said it (and the
@@ -82,7 +89,7 @@ OLD_ADDED_SETTINGS = {"labeller.quota_arithmetic": "exact", "method.weighting": 
 def test_fedur_plugins_record_and_compare_the_same_settings_as_before(plugins):
     from fedur.config import flat_settings
 
-    cfg, _ = parse_config([*TINY, *plugins])
+    cfg = parse_config([*TINY, *plugins])
     flat = flat_settings(cfg.settings)
     settings = result_settings(cfg.settings)
     assert settings == {k: v for k, v in flat.items() if k not in OLD_RESULT_NEUTRAL}  # the checkpoints' record
@@ -94,11 +101,11 @@ def test_fedur_plugins_record_and_compare_the_same_settings_as_before(plugins):
 
 def test_a_plugin_says_which_settings_change_results_and_what_old_runs_ran_with():
     """A user's labeller (tests/plugins/described.py): `report` is result-neutral, `margin` was added with 0.0."""
-    cfg, _ = parse_config([*TINY, "--labeller", CAREFUL, "--labeller.margin", "0.0"])
+    cfg = parse_config([*TINY, "--labeller", CAREFUL, "--labeller.margin", "0.0"])
     settings = result_settings(cfg.settings)
     assert settings["labeller"] == CAREFUL and settings["labeller.margin"] == 0.0
     assert "labeller.report" not in settings  # not recorded, so a resume may change it
-    louder, _ = parse_config([*TINY, "--labeller", CAREFUL, "--labeller.report", "true"])
+    louder = parse_config([*TINY, "--labeller", CAREFUL, "--labeller.report", "true"])
     assert result_settings(louder.settings) == settings
     before_margin = {k: v for k, v in settings.items() if k != "labeller.margin"}  # a run from before `margin`
     assert changed_settings(before_margin, settings) == {}
@@ -170,7 +177,7 @@ def test_the_jsonargparse_messages_fedur_reads(args, yaml_text, form, read, said
     if yaml_text is not None:
         (tmp_path / "old.yaml").write_text(yaml_text)
         args = [*args, "--config", str(tmp_path / "old.yaml")]
-    with pytest.raises(ArgumentError) as error:
+    with pytest.raises(CommandLineError) as error:
         parse_config([*TINY, *args])
     raw = str(error.value.__cause__)  # jsonargparse's own message
     found = MESSAGES[form].search(raw)
@@ -198,14 +205,14 @@ def test_the_refusal_and_the_help_through_the_real_entry_point():
 def test_a_plugin_resumes_across_its_result_neutral_and_added_settings(tmp_path):
     """A checkpoint made before Careful had `margin` (its marker lacks it) resumes with margin 0.0 and a changed
     `report`; margin 0.1 is a change of results, refused."""
-    from fedur.main import run
+    from fedur.run import run
     from fedur.train import checkpoint
     from fedur.train.run_dir import RunDirError
 
     def session(run_dir, *flags):
-        cfg, config_yaml = parse_config([*TINY, "--run.output_dir", str(run_dir), "--labeller", CAREFUL,
+        cfg = parse_config([*TINY, "--run.output_dir", str(run_dir), "--labeller", CAREFUL,
                                          "--run.progress", "false", *flags])
-        return run(cfg, config_yaml)
+        return run(cfg)
 
     first = tmp_path / "first"
     session(first, "--federation.rounds", "1")

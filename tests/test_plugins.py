@@ -17,10 +17,10 @@ from .test_resume import assert_same_run, run_in_process
 
 pytestmark = pytest.mark.slow
 
-PLUGINS = ["--method", "tests.plugins.server_momentum.ServerMomentum", "--method.momentum", "0.5",
+PLUGINS = ["--method", "examples.server_momentum.ServerMomentum", "--method.momentum", "0.5",
            "--method.weighting", "uniform",  # a setting of fedur's Method, passed on by the plugin's **kwargs;
            # some clients have no sample above the threshold: under uniform weights they must sit the round out
-           "--labeller", "tests.plugins.confident.Confident", "--labeller.threshold", "0.25"]
+           "--labeller", "examples.confident.Confident", "--labeller.threshold", "0.25"]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_a_plugin_on_two_ranks_equals_one_rank(runs):
     assert_same_results(runs / "one", runs / "two", num_clients=4)
     summary = json.loads((runs / "one" / "summary.json").read_text())
     assert (summary["method"], summary["labeller"]) == ("servermomentum", "confident")
-    assert summary["settings"]["method"]["class_path"] == "tests.plugins.server_momentum.ServerMomentum"
+    assert summary["settings"]["method"]["class_path"] == "examples.server_momentum.ServerMomentum"
     assert summary["settings"]["method"]["init_args"]["weighting"] == "uniform"
 
 

@@ -40,13 +40,14 @@ def test_new_clients_that_leave_none_to_train_are_refused(given, num_clients, me
 def outcome(accuracy, training, global_counts=None):
     k = len(accuracy)
     zeros = torch.zeros(k)
-    return RoundOutcome(0, False, training.clone(), torch.ones(k), torch.tensor(accuracy), torch.zeros(k, 4), zeros, 1.0,
-                        {}, True, {}, {}, training, global_counts)
+    return RoundOutcome(round_idx=0, rounds=5, refreshed=False, refresh=None, joined=training.clone(), weights=torch.ones(k),
+                        accuracy=torch.tensor(accuracy), losses=torch.zeros(k, 4), uploads=zeros, seconds=1.0,
+                        phase_seconds={}, training=training, global_counts=global_counts)
 
 
 def test_a_round_reports_the_personal_mean_over_the_training_clients_and_the_new_ones_apart():
     accuracy = [[8, 10], [30, 60], [5, 10], [1, 10]]  # 80%, 50%, 50%, 10%
-    row = round_record(outcome(accuracy, torch.tensor([True, True, True, False]), torch.tensor([45, 60])), 5, None, {})
+    row = round_record(outcome(accuracy, torch.tensor([True, True, True, False]), torch.tensor([45, 60])))
     assert row["mean_accuracy"] == pytest.approx(60.0)  # (80 + 50 + 50) / 3: client 3 is new
     assert row["weighted_accuracy"] == pytest.approx(100 * 43 / 80)
     assert row["global_accuracy"] == pytest.approx(75.0)
@@ -54,7 +55,7 @@ def test_a_round_reports_the_personal_mean_over_the_training_clients_and_the_new
     assert row["new_clients"] == [3] and row["new_client_accuracy"] == pytest.approx(10.0)
     assert row["client_accuracy"][3] == pytest.approx(10.0)  # still indexed by client id
 
-    every = round_record(outcome(accuracy, torch.ones(4, dtype=torch.bool)), 5, None, {})
+    every = round_record(outcome(accuracy, torch.ones(4, dtype=torch.bool)))
     assert every["mean_accuracy"] == pytest.approx(47.5) and every["new_clients"] == [] and every["new_client_accuracy"] is None
     assert every["global_accuracy"] is None and every["dual_accuracy"] is None  # evaluation.global_model false
 

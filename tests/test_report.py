@@ -132,12 +132,13 @@ def test_line_plot_of_no_or_one_point(tmp_path):
 def test_report_of_real_runs_written_by_fedur(tmp_path):
     """Two smoke runs written by fedur itself (so the report follows the run format), reported through
     `python -m fedur.report`, the module the `fedur-report` console script runs."""
-    from fedur.main import parse_config, run
+    from fedur.cli import parse_config
+    from fedur.run import run
 
     for name, extra in (("fedur", []), ("fedcopl", ["--method", "FedCoPL"])):
-        cfg, config_yaml = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "2",
+        cfg = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "2",
                                          "--run.output_dir", str(tmp_path / name), *extra])
-        run(cfg, config_yaml)
+        run(cfg)
     out = tmp_path / "report"
     result = subprocess.run([sys.executable, "-m", "fedur.report", str(tmp_path / "fedur"), str(tmp_path / "fedcopl"),
                              "--out", str(out)], cwd=REPO, capture_output=True, text=True)

@@ -16,13 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedur.main import parse_config, run
+from fedur import plugins
+from fedur.cli import parse_config
+from fedur.run import run
 from fedur.train import checkpoint
 from fedur.train.faults import ENV as FAULT_ENV
 from fedur.train.faults import InjectedFault
 from fedur.train.run_dir import RunDirError
 
 from .conftest import REPO, free_port, read_rounds, scalar_curve
+from .shared_runs import SHARED, every_case, method_cases
 
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
 
@@ -38,11 +41,11 @@ TIMING = {"round_seconds", "phase_seconds", "wall_seconds"}
 
 def run_in_process(run_dir: Path, *overrides: str, fault: str | None = None):
     """One run in this process; `fault`: a FEDUR_FAULT to inject (fedur/train/faults.py)."""
-    cfg, config_yaml = parse_config([*SMOKE, "--run.output_dir", str(run_dir), *overrides])
+    cfg = parse_config([*SMOKE, "--run.output_dir", str(run_dir), *overrides])
     with pytest.MonkeyPatch.context() as patch:
         if fault is not None:
             patch.setenv(FAULT_ENV, fault)
-        return run(cfg, config_yaml)
+        return run(cfg)
 
 
 def launch(args: list[str], fabric_ranks: int = 0, timeout: int = 300, fault: str | None = None, **popen) -> subprocess.Popen:
@@ -248,34 +251,25 @@ def test_resume_auto_starts_over_after_a_crash_before_the_first_commit(reference
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
 
-# Methods whose clients keep more than FedUR's state: pFedPrompt's cache (rebuilt at each refresh), FedOTP's
-# local text prompt, CPL's GRIP pools (the next refresh's caps read them) with PromptProx's round-start prompts.
-METHOD_CASES = {
-    "pfedprompt": ["--method", "PFedPrompt", "--labeller", "CoPL"],
-    "fedotp": ["--method", "FedOTP"],
-    "promptprox-grip": ["--method", "PromptProx", "--labeller", "CPL", "--labeller.per_class", "grip"],
-    "gdau-join": ["--method", "GDAU", "--federation.join_rate", "0.5"],  # no labeller; server state: W, b
-    "scaffold": ["--method", "SCAFFOLD", "--federation.join_rate", "0.75"],  # c on the server, c_k with each client
-    "adapter": ["--method", "tests.plugins.feature_adapter.FeatureAdapter"],  # a plugin's own piece and its momentum
-    "promptfolio": ["--method", "PromptFolio"],  # a local text prompt with each client
-    "fedpgp": ["--method", "FedPGP", "--method.rank", "2"],  # a personal low-rank term with each client
-    "fedtpg": ["--method", "FedTPG"],  # a shared generator's weights, each with its momentum
-    "new-clients": ["--evaluation.new_clients", "1", "--method.global_text", "mean"],  # client 3 held out, then adapting
-}
+# Every one of fedur's methods, and the mechanisms whose state a resume must carry (CPL's GRIP pools, SCAFFOLD's
+# control variates, GDA-U's server state with clients sitting out, a plugin's own piece, new clients): each crashed
+# before its second commit and resumed must equal its uninterrupted run, the session's shared one (tests/shared_runs.py).
+RESUMED = [*(name for name in method_cases() if plugins.by_key("method")[name.split("+")[0]]().rounds(2) == 2),  # ZeroShot: none
+           "promptprox-grip", "gdau-join", "scaffold-join", "adapter", "fedur-new-clients"]
 
 
-@pytest.mark.parametrize("name", list(METHOD_CASES))
-def test_every_method_resumes_exactly_after_a_crash(tmp_path, name, capsys):
-    flags = [*METHOD_CASES[name], "--federation.refresh_every", "1"]  # a refresh every round: state carried over
-    run_in_process(tmp_path / "uninterrupted", *flags)
-    run_dir = tmp_path / "run"
-    with pytest.raises(InjectedFault):
-        run_in_process(run_dir, *flags, fault="raise:commit:2:0")
-    assert checkpoint.latest(run_dir).round_idx == 0
-    run_in_process(run_dir, *flags, "--run.resume", "true")
-    assert_same_run(run_dir, tmp_path / "uninterrupted")
+@pytest.mark.parametrize("name", RESUMED)
+def test_every_method_resumes_exactly_after_a_crash(tiny_runs, tmp_path, name):
+    flags = [*SHARED, *every_case()[name]]
+    cfg = lambda *more: parse_config([*flags, "--run.output_dir", str(tmp_path / "run"), *more])  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(InjectedFault):
+        patch.setenv(FAULT_ENV, "raise:commit:2:0")
+        run(cfg())
+    assert checkpoint.latest(tmp_path / "run").round_idx == 0
+    run(cfg("--run.resume", "true"))
+    assert_same_run(tmp_path / "run", tiny_runs / name)
     if name == "pfedprompt":  # the cache is part of what was compared
-        assert "extra.cache_keys" in {k.split(":")[1] for k in final_state(run_dir) if "client_000" in k}
+        assert "extra.cache_keys" in {k.split(":")[1] for k in final_state(tmp_path / "run") if "client_000" in k}
 
 
 def test_a_resume_may_change_how_many_clients_train_per_step(reference, tmp_path):

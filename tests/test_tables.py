@@ -164,15 +164,15 @@ def test_the_table_lists_flags_given_after_the_double_dash(tmp_path, capsys):
 def test_finished_runs_with_other_settings_are_refused(tmp_path, capsys):
     """A call whose settings differ from a finished run's (as its last checkpoint recorded them) would leave that
     run as it is and mix two settings in one table: refused. Launch settings (threads) do not count."""
+    from fedur.cli import parse_config
     from fedur.config import result_settings
-    from fedur.main import parse_config
     from fedur.train.checkpoint import MARKER, Marker, round_folder
 
     out = tmp_path / "tables"
     spec = next(s for s in expand(GRIDS["tiny"], [1], out) if s.row.key == "fedur")
     write_summary(spec.run_dir, final_mean_accuracy=50.0, final_client_accuracy=[50.0], zero_shot_global=40.0)
     cmd = command(spec, Inputs(extra=("--optim.lr", "0.5")))
-    settings = result_settings(parse_config(cmd[cmd.index("--config"):])[0].settings)
+    settings = result_settings(parse_config(cmd[cmd.index("--config"):]).settings)
     marker = Marker(1, 4, 1, settings)
     folder = round_folder(spec.run_dir, marker.number)
     folder.mkdir(parents=True)
@@ -252,7 +252,7 @@ def check_flag(flag: str, value: str) -> None:
 
 
 def test_grids_resolve_to_configs_and_real_settings():
-    from fedur.main import build_parser
+    from fedur.cli import build_parser
 
     parser = build_parser()
     for grid in GRIDS.values():
@@ -383,7 +383,7 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
     """table7-own: the same rows and columns as table7, in a folder of their own, each baseline with its published
     settings (configs/presets/) over the column's config and under the row's method; rows without a preset
     (FedUR, FedCoPL, zero-shot) as in the paper's protocol. The table says which protocol it shows."""
-    from fedur.main import parse_config
+    from fedur.cli import parse_config
     from fedur.tables.grids import PRESETS, with_protocol
 
     own, paper = GRIDS["table7-own"], GRIDS["table7"]
@@ -406,7 +406,7 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
     for key, (cls, lr, epochs, n_ctx, schedule, weighting) in expected.items():
         cmd = command(spec[f"{key}+codpl"], Inputs(data_root="/data"))
         assert cmd[cmd.index("--config") + 3] == str(config_path(f"presets/{key}.yaml"))  # after the column's config
-        cfg, _ = parse_config(cmd[cmd.index("--config"):])
+        cfg = parse_config(cmd[cmd.index("--config"):])
         assert type(cfg.method).__name__ == cls and type(cfg.labeller).__name__ == "CoDPL"
         assert (cfg.optim.lr, cfg.federation.local_epochs, cfg.model.n_ctx, cfg.optim.schedule) == (lr, epochs, n_ctx, schedule)
         assert cfg.method.weighting == weighting and cfg.federation.num_clients == 10  # the column's clients
@@ -428,26 +428,29 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
 
 
 def test_the_demo_grids_have_the_later_baselines_with_their_demo_presets(tmp_path):
-    """FedPGP, FedTPG and PromptFolio (not in the paper's tables) are rows of the demo's and the proxy's Table 1 (FPL,
-    CPL) and Table 7 (every labeller), after the paper's baselines; under the 'own' protocol each
-    runs with its demo preset on the demo (configs/presets/demo/, the learning rate benchmarks/results/demo_lr_sweep.md
-    chose) and its published one on the proxy."""
-    from fedur.main import parse_config
+    """Every method of fedur's beside the paper's (FedPGP, FedTPG, PromptFolio, SCAFFOLD, ...: not in the paper's
+    tables, found from the classes) is a row of the demo's and the proxy's Table 1 (FPL, CPL) and Table 7 (every
+    labeller), after the paper's baselines; under the 'own' protocol each with a published preset runs with its demo
+    preset on the demo (configs/presets/demo/, the learning rate benchmarks/results/demo_lr_sweep.md chose) and its
+    published one on the proxy."""
+    from fedur.cli import parse_config
+    from fedur.tables.grids import NEW_BASELINES
 
+    assert set(NEW_BASELINES) >= {"fedpgp", "fedtpg", "promptfolio", "scaffold"}
     later = {"fedpgp": ("FedPGP", 0.002), "fedtpg": ("FedTPG", 0.01), "promptfolio": ("PromptFolio", 0.01)}  # demo lr
     keys7 = [r.key for r in GRIDS["demo-table7"].rows]
     assert keys7 == [r.key for r in GRIDS["proxy-table7"].rows] and keys7[:16] == [r.key for r in GRIDS["table7"].rows]
-    assert keys7[16:] == [f"{m}+{pl}" for m in later for pl in ("fpl", "cpl", "copl", "codpl")]
+    assert keys7[16:] == [f"{m}+{pl}" for m in NEW_BASELINES for pl in ("fpl", "cpl", "copl", "codpl")]
     keys1 = [r.key for r in GRIDS["demo-table1"].rows]
     assert keys1 == [r.key for r in GRIDS["proxy-table1"].rows]
-    assert keys1 == [*[r.key for r in GRIDS["table1"].rows][:-2], *(f"{m}+{pl}" for m in later for pl in ("fpl", "cpl")),
+    assert keys1 == [*[r.key for r in GRIDS["table1"].rows][:-2], *(f"{m}+{pl}" for m in NEW_BASELINES for pl in ("fpl", "cpl")),
                      "fedcopl", "fedur"]
     assert not {r.preset for g in ("table1", "table2", "table7") for r in GRIDS[g].rows} & set(later)  # the paper's grids
     specs = {s.row.key: s for s in expand(GRIDS["demo-table7-own"], [1], tmp_path)}
     for m in later:
         cmd = command(specs[f"{m}+codpl"], Inputs())
         assert cmd[cmd.index("--config") + 3] == str(config_path(f"presets/demo/{m}.yaml"))
-        cfg, _ = parse_config(cmd[cmd.index("--config"):])
+        cfg = parse_config(cmd[cmd.index("--config"):])
         assert (type(cfg.method).__name__, cfg.optim.lr) == later[m] and type(cfg.labeller).__name__ == "CoDPL"
         assert command(expand(GRIDS["demo-table7"], [1], tmp_path, rows=[f"{m}+codpl"])[0], Inputs()).count("--config") == 1
         proxy = command(expand(GRIDS["proxy-table7-own"], [1], tmp_path, rows=[f"{m}+fpl"])[0], Inputs(data_root="/d"))

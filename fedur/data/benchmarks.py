@@ -108,7 +108,7 @@ def _read_coco(path: Path) -> dict:
     try:
         data = json.loads(read_text(path))
         if not isinstance(data.get("images"), list):
-            raise TypeError("no 'images' list")
+            raise TypeError("no 'images' list")  # internal: caught just below, as a DataUnavailableError
         return data
     except (ValueError, TypeError, AttributeError) as err:
         raise DataUnavailableError(

@@ -46,6 +46,7 @@ from torchvision.transforms import Compose, Normalize, ToTensor
 
 from fedur.data.datasets import DataUnavailableError, ImageSplit
 from fedur.data.loaders import BatchNormalize, MappedImages, Pixels, unchanged
+from fedur.errors import ConfigError
 
 FORMAT_VERSION = 1
 DEFAULT_CACHE_DIR = "~/.cache/fedur"
@@ -99,6 +100,7 @@ def prepare_splits(
     """
     cache, corrupt = options.cache, options.corrupt
     if corrupt not in ("stop", "skip"):
+        # internal: data.corrupt_images' Literal checks it first
         raise ValueError(f"data.corrupt_images must be 'stop' or 'skip', got {corrupt!r}")
     directory = Path(os.path.expanduser(options.cache_dir or os.environ.get("FEDUR_CACHE_DIR") or DEFAULT_CACHE_DIR))
     _check_writable(directory)
@@ -159,7 +161,7 @@ def split_preprocess(preprocess: Callable) -> tuple[Compose, tuple[float, ...], 
     tensor_at = [i for i, step in enumerate(steps) if isinstance(step, ToTensor)]
     tail = steps[tensor_at[0] + 1 :] if len(tensor_at) == 1 else []
     if len(tail) != 1 or not isinstance(tail[0], Normalize):
-        raise ValueError(
+        raise ConfigError(
             f"the image cache needs a preprocess of PIL steps, then ToTensor, then Normalize (as open_clip's); "
             f"got {preprocess!r}. Set data.cache=false to decode every image each time."
         )
@@ -248,6 +250,7 @@ class _Decode(Dataset):
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, DataUnavailableError) as err:
             return index, None, f"{type(err).__name__}: {err}"  # PIL raises SyntaxError for some broken files
         if pixels.shape != (self.image_size, self.image_size, 3):
+            # internal: split_preprocess checked the preprocess
             raise ValueError(f"the preprocess gives {pixels.shape} images, expected {self.image_size} square")
         return index, pixels, None
 

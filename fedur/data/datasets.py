@@ -40,6 +40,7 @@ from fedur.data.images import (  # re-exported: the rest of fedur imports the ty
     read_class_names,
     subfolders,
 )
+from fedur.errors import PluginError
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -88,10 +89,11 @@ class Dataset:
     """Constructor arguments that do not change what a run computes (where the files are, whether a missing
     archive may be downloaded): a resume may change them freely."""
     old_keys: ClassVar[dict[str, str]] = {
-        "data.name": "--dataset CLASS (CIFAR10, CUB, ImageFolder, Synthetic, ...)",
+        "data.name": "--dataset CLASS ({names})",
         "data.root": "--dataset.root",
     }
-    """Keys of fedur before datasets were classes, and what replaces them (fedur/main.py names them in its errors)."""
+    """Keys of fedur before datasets were classes, and what replaces them (fedur/cli.py names them in its errors;
+    "{names}": fedur's dataset class names)."""
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -107,7 +109,7 @@ class Dataset:
 
     def load(self, seed: int) -> ImageDataset:
         """Read the dataset, checking its layout. `seed` is for generated data; files ignore it."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement load(seed)")
+        raise NotImplementedError(f"{type(self).__name__} does not implement load(seed)")  # internal: the abstract hook
 
     def client_names(self) -> list[str] | None:
         """Data that comes already federated (each client's own folder): the clients in client-id order, found
@@ -152,7 +154,7 @@ def dataset_classes() -> dict[str, type[Dataset]]:
         if key is None:
             continue
         if key in registry and registry[key] is not cls:
-            raise ValueError(f"the datasets {_dotted(registry[key])} and {_dotted(cls)} both have the key {key!r}")
+            raise PluginError(f"the datasets {_dotted(registry[key])} and {_dotted(cls)} both have the key {key!r}")
         registry[key] = cls
     return registry
 
@@ -189,7 +191,7 @@ def prepare_dataset(source: Dataset, options: DataOptions, seed: int) -> ImageDa
     else:
         dataset = source.load(seed)
     if dataset.name != source.key:
-        raise ValueError(
+        raise PluginError(
             f"{type(source).__name__}.load returned a dataset named {dataset.name!r}; name it {source.key!r}, its key"
         )
     if options.classnames_file is not None and not source.needs_classnames:

@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from fedur.data.images import ImageDataset, ImageSplit
+from fedur.errors import FedurError
 
 
-class HeldOutError(ValueError):
+class HeldOutError(FedurError, ValueError):
     """The data cannot be split as the protocol asks; the message says what to change."""
 
 

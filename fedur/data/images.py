@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from fedur.errors import FedurError
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
 
-class DataUnavailableError(RuntimeError):
+class DataUnavailableError(FedurError, RuntimeError):
     """The dataset cannot be loaded as configured; the message names the path and what was expected."""
 
 

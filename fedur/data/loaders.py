@@ -77,6 +77,7 @@ class BatchNormalize:
 
     def __call__(self, images: Tensor) -> Tensor:
         if images.dtype != torch.uint8:
+            # internal: only the cache's uint8 batches come here
             raise TypeError(f"BatchNormalize takes uint8 images (from the image cache), got {images.dtype}")
         if images.device not in self._on:
             self._on[images.device] = self.mean.to(images.device), self.std.to(images.device)

@@ -22,13 +22,14 @@ import numpy as np
 
 from fedur.data.images import ImageSplit
 from fedur.data.reference_rng import REFERENCE_DATASETS, REFERENCE_SEED, reference_random_state
+from fedur.errors import FedurError
 
 Parts = list[np.ndarray]
 Seed = int | np.random.RandomState
 """An int seeds a fresh RandomState; a RandomState is drawn from (and advanced) as it is."""
 
 
-class PartitionError(ValueError):
+class PartitionError(FedurError, ValueError):
     """The split cannot be made as configured; the message says which setting to change."""
 
 

@@ -108,11 +108,12 @@ def generate(
     ...). "photo" is the rendering of the module docstring; "negative" and "mosaic" transform the photo
     rendering of the same seed, "sketch" draws the same silhouettes' outlines."""
     if not 1 <= num_classes <= len(CLASSNAMES):
+        # internal: Synthetic checks dataset.classes first
         raise ValueError(f"num_classes must be in [1, {len(CLASSNAMES)}], got {num_classes}")
     if per_class < 0 or size < 8:
-        raise ValueError(f"need per_class >= 0 and size >= 8, got {per_class} and {size}")
+        raise ValueError(f"need per_class >= 0 and size >= 8, got {per_class} and {size}")  # internal: the generator's own sizes
     if style not in STYLES:
-        raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
+        raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")  # internal: the styles are fedur's
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(num_classes, dtype=np.int64), per_class)  # (N,)
     if style == "sketch":

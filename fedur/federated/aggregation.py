@@ -12,9 +12,9 @@ def weighted_average(stacked: Tensor, weights: Tensor) -> Tensor | None:
     client that sat the round out). Returns None when every weight is zero.
     """
     if stacked.shape[0] != weights.shape[0]:
-        raise ValueError(f"{stacked.shape[0]} prompts but {weights.shape[0]} weights")
+        raise ValueError(f"{stacked.shape[0]} prompts but {weights.shape[0]} weights")  # internal: the server stacks one row per client
     if bool((weights < 0).any()):
-        raise ValueError("aggregation weights must be non-negative")
+        raise ValueError("aggregation weights must be non-negative")  # internal: weights are counts
     total = weights.double().sum()
     if total == 0:
         return None

@@ -8,10 +8,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedur.errors import FedurError, PluginError
 from fedur.labels.base import PseudoLabels
 
 
-class ClientStateError(ValueError):
+class ClientStateError(FedurError, ValueError):
     """A saved client state does not fit this run; the message says what changed."""
 
 
@@ -75,7 +76,7 @@ def check_tensors(state: dict, what: str) -> None:
     tensors only, checked where the method writes it rather than when the round is saved."""
     wrong = {k: type(v).__name__ for k, v in state.items() if not isinstance(v, Tensor)}
     if wrong:
-        raise TypeError(f"{what} must hold tensors only (it is checkpointed); not {wrong}")
+        raise PluginError(f"{what} must hold tensors only (it is checkpointed); not {wrong}")
 
 
 def to_cpu(state):

@@ -97,10 +97,12 @@ class Collectives:
         must match it). `what` names the exchange in error messages.
         """
         if like.dtype not in DTYPES:
+            # machine: ranks out of step
             raise CollectiveError(f"{what}: dtype {like.dtype} cannot be exchanged (NCCL takes {', '.join(map(str, DTYPES))})")
         out = torch.zeros((num_clients, *like.shape), dtype=like.dtype, device=self.comm.device)  # contiguous
         for client_id, value in values.items():
             if value.shape != like.shape or value.dtype != like.dtype:
+                # machine: ranks out of step
                 raise CollectiveError(f"{what}: client {client_id} sends {tuple(value.shape)} {value.dtype}, expected "
                                       f"{tuple(like.shape)} {like.dtype}")
             out[client_id] = value.to(self.comm.device)
@@ -148,7 +150,7 @@ class Collectives:
         every = self._call(what, lambda: self.comm.all_gather(mine).cpu())  # (world_size, len)
         if not bool((every == every[0]).all()):
             rows = "; ".join(f"rank {r}: {describe(row)}" for r, row in enumerate(every.tolist()))
-            raise CollectiveError(
+            raise CollectiveError(  # machine: a peer or the network
                 f"ranks disagree on collective #{self.calls} (this rank: {what}); {rows}. "
                 "Every rank must make the same collective calls in the same order with the same shapes."
             )
@@ -159,12 +161,12 @@ class Collectives:
         except CollectiveError:
             raise
         except torch.OutOfMemoryError as err:  # before the RuntimeError it is: not a peer's failure
-            raise DeviceMemoryError(
+            raise DeviceMemoryError(  # machine: device memory
                 f"{what} ran out of device memory on rank {self.comm.global_rank} ({first_line(err)}); fewer "
                 "clients per rank, a smaller run.clients_per_step or optim.eval_batch_size leave more room"
             ) from err
         except RuntimeError as err:  # gloo/NCCL: a peer closed the connection, or the timeout passed
-            raise CollectiveError(
+            raise CollectiveError(  # machine: a peer or the network
                 f"{what} failed on rank {self.comm.global_rank}: a peer died, or did not arrive within "
                 f"run.wait_timeout ({type(err).__name__}: {first_line(err)})"
             ) from err
@@ -214,7 +216,7 @@ class Heartbeat:
 def signature(call: int, what: str, tensor: Tensor) -> Tensor:
     """(4 + MAX_DIMS,) int64: call number, crc32 of `what`, dtype code, ndim, shape (zero-padded)."""
     if tensor.dim() > MAX_DIMS:
-        raise CollectiveError(f"{what}: tensors of more than {MAX_DIMS} dims are not supported")
+        raise CollectiveError(f"{what}: tensors of more than {MAX_DIMS} dims are not supported")  # machine: a peer or the network
     shape = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
     code = DTYPES.index(tensor.dtype) if tensor.dtype in DTYPES else len(DTYPES)
     return torch.tensor([call, zlib.crc32(what.encode()), code, tensor.dim(), *shape], dtype=torch.int64, device="cpu")

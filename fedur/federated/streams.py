@@ -21,6 +21,7 @@ def client_generator(seed: int, client_id: int, round_idx: int) -> torch.Generat
 def participants(num_clients: int, join_rate: float, seed: int, round_idx: int) -> np.ndarray:
     """(num_clients,) bool: the ceil(join_rate * K) clients that train in this round, drawn uniformly."""
     if not 0 < join_rate <= 1:
+        # internal: federation.join_rate's range checks it first
         raise ValueError(f"federation.join_rate must be in (0, 1], got {join_rate}")
     chosen = np.zeros(num_clients, dtype=bool)
     if join_rate == 1:

@@ -48,9 +48,10 @@ class Labeller(ABC):
     added_settings: ClassVar[dict[str, Any]] = {}
     # Constructor arguments that do not change what a run computes: a resume may change them freely.
     result_neutral: ClassVar[tuple[str, ...]] = ()
-    # Keys of fedur before labellers were classes, and what replaces them (fedur/main.py names them in its errors).
+    # Keys of fedur before labellers were classes, and what replaces them (fedur/cli.py names them in its errors;
+    # "{names}": fedur's labeller class names).
     old_keys: ClassVar[dict[str, str]] = {
-        "method.labeller": "--labeller CLASS (FPL, CPL, CoPL, CoDPL)",
+        "method.labeller": "--labeller CLASS ({names})",
         "labels.": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
     }
 
@@ -75,11 +76,11 @@ class Labeller(ABC):
 
     def estimate(self, probs: Tensor) -> Tensor:
         """(C,) int64: the client's upload before a cooperative selection."""
-        raise NotImplementedError(f"{self.key} does not cooperate")
+        raise NotImplementedError(f"{self.key} does not cooperate")  # internal: only cooperative labellers are asked
 
     def allocate(self, estimated: Tensor, n_total: int, refresh_idx: int) -> Tensor:
         """(K, C) quotas from every client's estimate (identical on every rank)."""
-        raise NotImplementedError(f"{self.key} does not cooperate")
+        raise NotImplementedError(f"{self.key} does not cooperate")  # internal: only cooperative labellers are asked
 
     @abstractmethod
     def select(self, probs: Tensor, quotas: Tensor | None = None, refresh_idx: int = 0,

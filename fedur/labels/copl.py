@@ -1,4 +1,4 @@
-"""CoPL and CoDPL: FedCoPL's cooperative, globally balanced selection (spec sec. 5.1-5.3), and FedUR's
+"""CoPL and CoDPL: FedCoPL's cooperative, globally balanced selection (FedUR implementation spec, sec. 5.1-5.3), and FedUR's
 version of it with class weights and negative pseudo-labels (sec. 5.4-5.5). The math is in
 fedur/labels/selection.py."""
 

@@ -1,4 +1,4 @@
-"""CPL: candidate pseudo-label sets, their per-class selection and the 'cc' loss (spec sec. 10).
+"""CPL: candidate pseudo-label sets, their per-class selection and the 'cc' loss (FedUR implementation spec, sec. 10).
 
 Zhang et al., ICML 2024, `vanillaer/CPL-ICML2024`:
 - candidate sets: `utils/clip_pseudolabels.py::gererate_partialY` (method 'CPL') = intra-instance
@@ -139,7 +139,7 @@ def cpl_pool_caps(previous_counts: Tensor, k_max: int, min_increment: int = 0) -
     """
     increment = k_max - int(previous_counts.max()) if previous_counts.numel() else k_max
     if increment < 0:
-        raise ValueError(f"k_max {k_max} is below a previous pool fill {int(previous_counts.max())}")
+        raise ValueError(f"k_max {k_max} is below a previous pool fill {int(previous_counts.max())}")  # internal: pools only grow
     return torch.clamp(previous_counts.long() + max(increment, min_increment), max=k_max)
 
 

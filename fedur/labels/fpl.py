@@ -1,4 +1,4 @@
-"""FPL: the top-K most confident zero-shot (or current-model) pseudo-labels per class (spec sec. 10).
+"""FPL: the top-K most confident zero-shot (or current-model) pseudo-labels per class (FedUR implementation spec, sec. 10).
 
 Menghini et al., NeurIPS 2023, `BatsResearch/menghini-neurips23-code`,
 `utils/clip_pseudolabels.py::compute_pseudo_labels` (the branch with k < 10000000). Used per client, with no

@@ -1,4 +1,4 @@
-"""FedUR's local objective L = L_pos + lambda * L_neg (spec sec. 5.5-5.6)."""
+"""FedUR's local objective L = L_pos + lambda * L_neg (FedUR implementation spec, sec. 5.5-5.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cooperative pseudo-label selection (FedUR sec. 3.3-3.4, spec sec. 5.1-5.5) as pure functions.
+"""Cooperative pseudo-label selection (FedUR sec. 3.3-3.4, FedUR implementation spec, sec. 5.1-5.5) as pure functions.
 
 A refresh goes: `filter_mask` -> `estimated_counts` (the only statistic a client uploads) ->
 `allocate` (identical on every rank, from all clients' counts) -> `select_top` per client ->
@@ -119,7 +119,7 @@ def negative_mask(probs: Tensor, labels: Tensor, rule: NegativeRule, tau: float)
         lowest = torch.argsort(probs, dim=-1, stable=True)[:, : math.ceil(tau * num_classes)]
         mask = torch.zeros(n, num_classes, dtype=torch.bool, device="cpu").scatter_(1, lowest, True)
     else:
-        raise ValueError(f"unknown negative rule {rule!r}")
+        raise ValueError(f"unknown negative rule {rule!r}")  # internal: a Literal setting checks it first
     mask[torch.arange(n, device="cpu"), labels] = False
     return mask
 
@@ -148,6 +148,6 @@ def class_weights(counts: Tensor, fn: WeightFn) -> Tensor | None:
     if fn == "inv_sqrt":
         raw = raw.sqrt()
     elif fn != "inv":
-        raise ValueError(f"unknown class weight function {fn!r}")
+        raise ValueError(f"unknown class weight function {fn!r}")  # internal: a Literal setting checks it first
     weights = raw / raw[present].mean()
     return torch.where(present, weights, torch.ones_like(weights)).float()

@@ -6,10 +6,9 @@ as its default, so a method overrides only where it differs (docs/extending.md w
 
 The client side (`ClientSide`: what a client trains, its logits, its loss, what it sends)
 - `pieces`: what each client holds and trains, each shared or personal (fedur/methods/pieces.py);
-- `text_side` / `logits`: how a client's logits are formed from an image batch and its pieces;
-- `group_text_side` / `group_logits`: the same for several clients at once (run.clients_per_step): one
-  call per client unless a method writes a fused forward, which then holds for the `logits` it was written
-  for (a subclass with other logits says `group_forward = "per_client"` or writes its own);
+- `text_side` / `logits`: how a client's logits are formed from an image batch and its pieces (several clients
+  at once, run.clients_per_step, go through one pass of a tower where the class keeps the base's:
+  fedur/methods/forward.py; nothing to declare);
 - `penalty`: an extra term of a client's local loss (FedProx's proximal term);
 - `before_step` / `after_step`: around each optimizer step, seeing the client, the step, its learning rate
   and the gradients of the pieces (a gradient correction, SCAFFOLD's);
@@ -36,12 +35,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from fedur.errors import ConfigError, PluginError
 from fedur.federated.aggregation import weighted_average
 from fedur.federated.client import ClientState
 from fedur.federated.streams import participants
@@ -52,16 +52,18 @@ if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fed
     from fedur.model.classifier import PromptedCLIP
 
 
-class ClientData(Protocol):
-    """What a method may read of a client's images beyond a batch (the round loop's rank provides it)."""
+@dataclass(frozen=True)
+class ClientData:
+    """What a method's hooks may read of a client beyond a batch (`after_refresh`, `upload`): the frozen model, and
+    the frozen CLIP features of the client's train images."""
 
-    @property
-    def model(self) -> PromptedCLIP: ...
+    model: PromptedCLIP
+    features: Callable[[ClientState, np.ndarray | None], Tensor]  # the process's pass over a client's images
 
     def train_features(self, client: ClientState, positions: np.ndarray | None = None) -> Tensor:
         """(n, D) unit-norm frozen CLIP image features (no prompts), float32 on CPU, of the client's train
         images at `positions` (None: all of them, in order)."""
-        ...
+        return self.features(client, positions)
 
 
 @dataclass
@@ -142,8 +144,6 @@ class ClientSide:
     """What a client trains and sends. Defaults: FedUR's (a deep visual prompt shared, a text context personal,
     logits = scale x cos(image, text))."""
 
-    group_forward: ClassVar[Literal["fused", "per_client"]] = "per_client"  # set where group_logits is written
-
     def pieces(self) -> dict[str, Piece]:
         """The pieces each client holds, by name, in the optimizer's order (fedur/methods/pieces.py)."""
         return {"visual": visual_prompt(shared=True), "text_ctx": text_context(shared=False)}
@@ -152,24 +152,12 @@ class ClientSide:
         """What the logits need from the text tower, computed once per pass (and every training step)."""
         return model.text_features(pieces.get("text_ctx"))
 
-    def group_text_side(self, model: PromptedCLIP, pieces: list[dict[str, Tensor]]) -> list[Any]:
-        """`text_side` of several clients' pieces (run.clients_per_step). Default: once per client."""
-        return [self.text_side(model, p) for p in pieces]
-
     def logits(self, model: PromptedCLIP, images: Tensor, pieces: dict[str, Tensor], text: Any,
                client: ClientState, rows: Tensor | None = None) -> Tensor:
         """(B, C) logits of the client's model with `pieces` (the ones being trained, or the client's own).
         `client`: the client with its pieces and `extra` on the images' device; `rows`: (B,) int64, each image's
         position in the client's train images (on the device), or None for test images."""
         return model.logits(model.image_features(images, visual=pieces.get("visual")), text)
-
-    def group_logits(self, model: PromptedCLIP, images: list[Tensor], pieces: list[dict[str, Tensor]],
-                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
-        """Each client's (B_k, C) logits of its batch `images[k]` with `pieces[k]` (several clients in one step,
-        run.clients_per_step); `rows[k]` as `logits`'s (None: no rows for any). Default: `logits` once per
-        client; a fused forward (one pass of a tower for the whole group) sets `group_forward = "fused"`."""
-        rows = [None] * len(images) if rows is None else rows
-        return [self.logits(model, x, p, t, c, r) for x, p, t, c, r in zip(images, pieces, texts, clients, rows)]
 
     def penalty(self, model: PromptedCLIP, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState,
                 text: Any) -> Tensor | None:
@@ -269,9 +257,8 @@ class Method(ClientSide, ServerSide):
         if "label" not in cls.__dict__:
             cls.label = cls.__name__
         if "rows" not in inspect.signature(cls.logits).parameters:
-            raise TypeError(f"{cls.__qualname__}.logits(model, images, pieces, text, client, rows=None) must take `rows`: "
+            raise PluginError(f"{cls.__qualname__}.logits(model, images, pieces, text, client, rows=None) must take `rows`: "
                             "each image's position in the client's train images, or None (fedur/methods/base.py)")
-        check_group_forward(cls)
 
     def __init__(self, weighting: Literal["selected", "data", "uniform"] = "selected") -> None:
         """
@@ -291,13 +278,13 @@ class Method(ClientSide, ServerSide):
         return None
 
     def pair(self, labeller: Labeller | None) -> Labeller | None:
-        """The labeller to run with: `labeller`, or this method's own for None. Raises ValueError when the
+        """The labeller to run with: `labeller`, or this method's own for None. Raises a ConfigError when the
         two do not fit (here: a training-free method given a labeller)."""
         if labeller is not None and not self.trains:
-            raise ValueError(f"{type(self).__name__} trains nothing, so it uses no pseudo-labeller; remove --labeller")
+            raise ConfigError(f"{type(self).__name__} trains nothing, so it uses no pseudo-labeller; remove --labeller")
         paired = self.default_labeller() if labeller is None else labeller
         if paired is None and self.trains:
-            raise ValueError(f"{type(self).__name__} trains on pseudo-labels but has no labeller of its own: give one "
+            raise ConfigError(f"{type(self).__name__} trains on pseudo-labels but has no labeller of its own: give one "
                              "(--labeller CLASS), or return one from its default_labeller()")
         return paired
 
@@ -318,25 +305,3 @@ def settings_of(method: Method) -> dict[str, Any]:
             if name != "self" and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) and name not in names:
                 names.append(name)
     return {name: getattr(method, name) for name in names if name in vars(method)}
-
-
-def check_group_forward(cls: type) -> None:
-    """A fused grouped forward is written for the `logits` / `text_side` of the class that declares it: a
-    subclass whose own differ must say which forward it wants, or a group would be scored with another
-    method's logits."""
-    if cls.__dict__.get("group_forward") == "per_client":  # asked for: one call per client, always right
-        cls.group_logits, cls.group_text_side = ClientSide.group_logits, ClientSide.group_text_side
-        return
-    for hook, reads in (("group_logits", ("logits", "text_side")), ("group_text_side", ("text_side",))):
-        if getattr(cls, hook) is getattr(ClientSide, hook):  # the per-client default
-            continue
-        owner = next(c for c in cls.__mro__ if hook in c.__dict__)
-        if owner.__dict__.get("group_forward", getattr(owner, "group_forward", None)) != "fused":
-            raise TypeError(f"{owner.__qualname__} writes {hook} but does not declare it: set group_forward = 'fused' "
-                            "(a forward equal to one logits call per client up to rounding)")
-        changed = [name for name in reads if getattr(cls, name) is not getattr(owner, name)]
-        if changed:
-            raise TypeError(
-                f"{cls.__qualname__} overrides {' and '.join(changed)} but inherits {owner.__qualname__}'s fused {hook}, "
-                f"written for {owner.__qualname__}'s: set group_forward = 'per_client' in {cls.__qualname__} (one call "
-                f"per client, always right) or write its own {hook}")

@@ -1,4 +1,4 @@
-"""pFedPrompt's personal attention over local visual features, reconstructed as a Tip-Adapter cache (spec sec. 10).
+"""pFedPrompt's personal attention over local visual features, reconstructed as a Tip-Adapter cache (FedUR implementation spec, sec. 10).
 
 pFedPrompt (WWW 2023) has no public code; the cache follows Tip-Adapter (Zhang et al., ECCV 2022,
 `gaopengcuhk/Tip-Adapter`, main.py: `cache_logits = ((-1) * (beta - beta * affinity)).exp() @ cache_values`,

@@ -1,7 +1,7 @@
 """FedOTP (Li et al., CVPR 2024; "FedOPT" in the paper's tables): each client holds a global text prompt
 (averaged by the server) and a local one (personal). An image's patch features are matched to the two
 prompts' class features by unbalanced optimal transport, and a class's logit is the transported
-similarity (spec sec. 10; the math, after the reference's trainers/GLP_OT.py, is in fedotp_math.py).
+similarity (FedUR implementation spec, sec. 10; the math, after the reference's trainers/GLP_OT.py, is in fedotp_math.py).
 No visual prompt."""
 
 from __future__ import annotations

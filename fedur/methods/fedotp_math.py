@@ -81,7 +81,7 @@ Differences from the reference, and why
    for sim < -0.66 and the plan can become NaN (the reference then returns None). In float32,
    exp(-cost/eps) stays normal for cost/eps < 87, i.e. for every cost in [0, 2] when eps >= 0.023;
    at eps=0.01 (few-shot script) costs above 0.87 underflow. A non-finite plan raises
-   FloatingPointError here instead of returning None.
+   a ConfigError (a larger method.eps) here instead of returning None.
 2. Stopping: the reference tests ONE error for the whole batch (mean over all b*C problems), so
    the iterations a problem gets depend on the other images in the batch. Here, by default
    (``per_problem_stop=True``), each (image, class) problem stops on its own error (mean over
@@ -104,6 +104,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedur.errors import ConfigError
 from fedur.model.precision import full_precision
 
 __all__ = [
@@ -135,12 +136,12 @@ def similarity(patch_features: Tensor, text_features: Tensor, normalize: bool = 
     Reshaped to (B*C, M, N) it is the reference's ``sim`` (GLP_OT.py lines 303-305).
     """
     if patch_features.dim() != 3 or text_features.dim() != 3:
-        raise ValueError(
+        raise ValueError(  # internal: the method's shapes
             f"expected patch_features (B, M, d) and text_features (N, C, d), got "
             f"{tuple(patch_features.shape)} and {tuple(text_features.shape)}"
         )
     if patch_features.shape[-1] != text_features.shape[-1]:
-        raise ValueError(f"feature dims differ: {patch_features.shape[-1]} vs {text_features.shape[-1]}")
+        raise ValueError(f"feature dims differ: {patch_features.shape[-1]} vs {text_features.shape[-1]}")  # internal: the method's shapes
     with _no_autocast(patch_features):
         p = patch_features.float()
         t = text_features.float()
@@ -153,7 +154,7 @@ def similarity(patch_features: Tensor, text_features: Tensor, normalize: bool = 
 def _flatten_problems(cost: Tensor, a: Tensor | None, b: Tensor | None):
     """cost (..., M, N) -> (P, M, N) float32, a (P, M), b-or-None (P, N); plus the leading shape."""
     if cost.dim() < 2:
-        raise ValueError(f"cost must be (..., M, N), got {tuple(cost.shape)}")
+        raise ValueError(f"cost must be (..., M, N), got {tuple(cost.shape)}")  # internal: the method's shapes
     lead, (m, n) = cost.shape[:-2], cost.shape[-2:]
     c = cost.float().reshape(-1, m, n)
     p = c.shape[0]
@@ -168,11 +169,11 @@ def _flatten_problems(cost: Tensor, a: Tensor | None, b: Tensor | None):
 
 def _check_solver_args(eps: float, max_iter: int, check_every: int | None = None) -> None:
     if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
+        raise ValueError(f"eps must be > 0, got {eps}")  # internal: FedOTP's ranges check it first
     if max_iter < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")  # internal: FedOTP's ranges check it first
     if check_every is not None and check_every < 1:
-        raise ValueError(f"check_every must be >= 1, got {check_every}")
+        raise ValueError(f"check_every must be >= 1, got {check_every}")  # internal: a constant
 
 
 def _resolve_check_every(check_every: int | None, cost: Tensor) -> int:
@@ -303,7 +304,7 @@ def partial_ot_plan(
     """
     _check_solver_args(eps, max_iter, check_every)
     if not top_percent > 0:
-        raise ValueError(f"top_percent must be > 0, got {top_percent}")
+        raise ValueError(f"top_percent must be > 0, got {top_percent}")  # internal: FedOTP's ranges check it first
     check_every = _resolve_check_every(check_every, cost)
     with _no_autocast(cost):
         c_, a, b, lead = _flatten_problems(cost, a, b)
@@ -359,10 +360,10 @@ def ot_plan(
 
     cost = 1 - sim; uniform marginals (rows 1/M; columns top_percent/N for 'COT', 1/N for
     'Sinkhorn'); computed under torch.no_grad() in float32 (GLP_OT.py lines 306-320). Returns
-    the plan (..., M, N) float32, without gradient. Raises FloatingPointError if it is not finite.
+    the plan (..., M, N) float32, without gradient. Raises a ConfigError if it is not finite.
     """
     if ot not in OT_KINDS:
-        raise ValueError(f"ot must be one of {OT_KINDS}, got {ot!r}")
+        raise ValueError(f"ot must be one of {OT_KINDS}, got {ot!r}")  # internal: fedur's own choices
     kw = dict(eps=eps, max_iter=max_iter, thresh=thresh, per_problem_stop=per_problem_stop)
     with torch.no_grad():
         cost = 1.0 - sim.detach().float()
@@ -371,9 +372,9 @@ def ot_plan(
         else:
             T = balanced_ot_plan(cost, **kw)
     if not bool(torch.isfinite(T).all()):  # one read back per call, after the loop
-        raise FloatingPointError(
-            f"FedOTP transport plan is not finite (eps={eps}: exp(-cost/eps) underflows in float32 "
-            f"for cost/eps > ~87)"
+        raise ConfigError(
+            f"FedOTP's transport plan is not finite (method.eps={eps}: exp(-cost/eps) underflows in float32 for "
+            f"cost/eps > ~87); a larger --method.eps keeps it finite"
         )
     return T
 

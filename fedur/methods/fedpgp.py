@@ -29,7 +29,6 @@ from torch import Tensor
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import GlobalModel, GlobalView, Method
-from fedur.methods.fedur import fused_group_logits
 from fedur.methods.pieces import Piece, text_context
 from fedur.model.precision import full_precision
 from fedur.model.prompts import init_prompt
@@ -43,7 +42,6 @@ class FedPGP(Method):
     CLIP's, the global and the personalised class features; FPL pseudo-labels."""
 
     preset = "fedpgp"
-    group_forward = "fused"
 
     def __init__(self, rank: PositiveInt = 8, mu: NonNegativeFloat = 0.5, temperature: PositiveFloat = 0.5, **kwargs) -> None:
         """
@@ -73,10 +71,6 @@ class FedPGP(Method):
     def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
         """(C, D) the personalised prompt's class features: sigma + U V."""
         return model.text_features(personalised(pieces))
-
-    def group_logits(self, model: PromptedCLIP, images: list[Tensor], pieces: list[dict[str, Tensor]],
-                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
-        return fused_group_logits(self, model, images, pieces, texts, clients, rows)  # the default logits, a group at once
 
     def penalty(self, model: PromptedCLIP, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState,
                 text: Any) -> Tensor | None:

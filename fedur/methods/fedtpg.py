@@ -27,13 +27,12 @@ from jsonargparse.typing import PositiveInt
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fedur.errors import ConfigError
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import Method
-from fedur.methods.fedur import fused_group_logits
 from fedur.methods.pieces import Piece
 
 if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
-    from fedur.federated.client import ClientState
     from fedur.model.classifier import PromptedCLIP
 
 PREFIX = "generator."  # the generator's weights, one piece each
@@ -48,7 +47,7 @@ class PromptGenerator(nn.Module):
     def __init__(self, n_ctx: int, width: int, text_dim: int, heads: int, device: str | torch.device = "meta") -> None:
         super().__init__()
         if width % heads:
-            raise ValueError(f"FedTPG: the text width {width} does not divide into {heads} heads (--method.heads)")
+            raise ConfigError(f"FedTPG: the text width {width} does not divide into {heads} heads (--method.heads)")
         self.heads = heads
         on = {"device": device}
         self.soft_prompt = nn.Parameter(torch.randn(n_ctx, width, **on) * 0.02)
@@ -78,7 +77,6 @@ class FedTPG(Method):
     pseudo-labels."""
 
     preset = "fedtpg"
-    group_forward = "fused"
 
     def __init__(self, heads: PositiveInt = 4, **kwargs) -> None:
         """
@@ -98,10 +96,6 @@ class FedTPG(Method):
     def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
         """(C, D) the class features with the context the generator writes from the class names."""
         return model.text_features(generate(model, pieces, self.heads))
-
-    def group_logits(self, model: PromptedCLIP, images: list[Tensor], pieces: list[dict[str, Tensor]],
-                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
-        return fused_group_logits(self, model, images, pieces, texts, clients, rows)  # the default logits, a group at once
 
 
 def generator_for(n_ctx: int, width: int, text_dim: int, heads: int, device: str | torch.device = "meta") -> PromptGenerator:

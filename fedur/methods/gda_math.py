@@ -187,7 +187,7 @@ def sufficient_statistics(features: Tensor, responsibilities: Tensor) -> GDAStat
     n = 0 (an empty client) gives zeros.
     """
     if features.dim() != 2 or responsibilities.dim() != 2 or features.shape[0] != responsibilities.shape[0]:
-        raise ValueError(
+        raise ValueError(  # internal: the method's shapes
             f"expected features (n, D) and responsibilities (n, C), got {tuple(features.shape)} and "
             f"{tuple(responsibilities.shape)}"
         )
@@ -207,7 +207,7 @@ def sum_statistics(per_client: Sequence[GDAStats]) -> GDAStats:
     time in the order given (pass them in client-id order, so the rounding is the same on every run).
     """
     if len(per_client) == 0:
-        raise ValueError("sum_statistics needs at least one client's statistics")
+        raise ValueError("sum_statistics needs at least one client's statistics")  # internal: the server sums at least one client
     total = per_client[0]
     for stats in per_client[1:]:
         total = GDAStats(*(a + b for a, b in zip(total, stats)))
@@ -224,6 +224,7 @@ def unflatten_statistics(flat: Tensor, num_classes: int, dim: int) -> GDAStats:
     c, d = num_classes, dim
     sizes = (c, c * d, d * d, 1)
     if flat.dim() != 1 or flat.numel() != sum(sizes):
+        # internal: the method's shapes
         raise ValueError(f"expected a vector of {sum(sizes)} values for C={c}, D={d}, got shape {tuple(flat.shape)}")
     counts, sums, second, n = torch.split(flat.to(STATS_DTYPE), sizes)
     return GDAStats(counts, sums.reshape(c, d), second.reshape(d, d), n.reshape(()))
@@ -241,6 +242,7 @@ def class_means(stats: GDAStats, fallback_means: Tensor | None = None) -> tuple[
     mus = stats.sums / safe.unsqueeze(1)  # (C, D); rows of empty classes are 0 / 1 = 0
     if fallback_means is not None:
         if fallback_means.shape != mus.shape:
+            # internal: the method's shapes
             raise ValueError(f"fallback_means must be (C, D) = {tuple(mus.shape)}, got {tuple(fallback_means.shape)}")
         mus = torch.where(present.unsqueeze(1), mus, fallback_means.to(mus))
     return mus, present
@@ -280,6 +282,7 @@ def shrunk_precision(stats: GDAStats, precision_scale: PrecisionScale = "likelih
         return d * pinv
     if precision_scale == "likelihood":
         return n_minus_1 * pinv
+    # internal: a Literal setting checks it first
     raise ValueError(f"precision_scale must be 'likelihood' or 'reference', got {precision_scale!r}")
 
 
@@ -313,7 +316,7 @@ def gda_classifier(
         counts = torch.where(present, stats.counts, torch.full_like(stats.counts, 0.5))  # empty: half a sample
         log_prior = torch.log(counts / total)  # (C,)
     else:
-        raise ValueError(f"prior must be 'uniform' or 'estimated', got {prior!r}")
+        raise ValueError(f"prior must be 'uniform' or 'estimated', got {prior!r}")  # internal: a Literal setting checks it first
     b = log_prior - quad / 2  # (C,)
     if fallback_means is None:
         w = torch.where(present.unsqueeze(1), w, torch.zeros_like(w))
@@ -331,7 +334,7 @@ def gda_logits(features: Tensor, W: Tensor, b: Tensor) -> Tensor:
     clusters in larger D) and cancel, hence float64.
     """
     if features.dim() != 2 or W.dim() != 2 or features.shape[1] != W.shape[1] or b.shape != W.shape[:1]:
-        raise ValueError(
+        raise ValueError(  # internal: the method's shapes
             f"expected features (B, D), W (C, D), b (C,), got {tuple(features.shape)}, {tuple(W.shape)}, {tuple(b.shape)}"
         )
     f = features.detach().to(device=W.device, dtype=W.dtype)  # (B, D)
@@ -357,6 +360,7 @@ def ensemble_logits(clip_logits: Tensor, gda_logits: Tensor, alpha: float = DEFA
     need alpha * (N-1) / D for the same ensemble.
     """
     if clip_logits.shape != gda_logits.shape:
+        # internal: the method's shapes
         raise ValueError(f"clip_logits {tuple(clip_logits.shape)} and gda_logits {tuple(gda_logits.shape)} differ")
     return clip_logits.to(gda_logits.device) + alpha * gda_logits
 
@@ -369,7 +373,7 @@ def responsibilities(logits: Tensor, temperature: float = 1.0, hard: bool = Fals
     gives classification-EM / pseudo-label responsibilities ([guess] 6).
     """
     if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+        raise ValueError(f"temperature must be > 0, got {temperature}")  # internal: GDAU's ranges check it first
     if hard:
         return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)  # (n, C)
     return torch.softmax(logits / temperature, dim=-1)  # (n, C)
@@ -396,8 +400,8 @@ def e_step(
         logits = g
     elif source == "ensemble":
         if clip_logits is None:
-            raise ValueError("source='ensemble' needs clip_logits")
+            raise ValueError("source='ensemble' needs clip_logits")  # internal: the method passes them
         logits = ensemble_logits(clip_logits, g, alpha)
     else:
-        raise ValueError(f"source must be 'gda' or 'ensemble', got {source!r}")
+        raise ValueError(f"source must be 'gda' or 'ensemble', got {source!r}")  # internal: a Literal setting checks it first
     return responsibilities(logits, temperature, hard)

@@ -1,5 +1,5 @@
 """Federated GDA-U (Wang, Liang et al., ICLR 2024, "A hard-to-beat baseline for training-free CLIP-based
-adaptation", its unsupervised variant; spec sec. 11): training-free. Every class is a Gaussian over the
+adaptation", its unsupervised variant; FedUR implementation spec, sec. 11): training-free. Every class is a Gaussian over the
 frozen CLIP image features with one covariance shared by all classes, fitted by EM from zero-shot CLIP;
 the classifier is the Gaussian discriminant ensembled with zero-shot CLIP's logits.
 

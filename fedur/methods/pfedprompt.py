@@ -1,6 +1,6 @@
 """pFedPrompt (Guo, Guo, Wang, WWW 2023; no public code): a text prompt learned by FedAvg (the users'
 consensus in the linguistic space) plus a personal, non-parametric attention over the client's own visual
-features. Reconstructed [guess, spec sec. 10] as a Tip-Adapter cache per client: keys are the frozen
+features. Reconstructed [guess; FedUR implementation spec, sec. 10] as a Tip-Adapter cache per client: keys are the frozen
 CLIP features of the client's pseudo-labelled images, values their one-hot pseudo-labels, and
 
     logits = s cos(f, T(P^t)) + alpha (s / 100) exp(-beta (1 - f K^T)) V,   s: the CLIP's logit scale.

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from fedur.errors import PluginError
 from fedur.model.prompts import init_prompt
 
 if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
@@ -60,7 +61,7 @@ def initial_values(pieces: dict[str, Piece], model: PromptedCLIP, run_seed: int)
     for name, piece in pieces.items():
         value = piece.init(model, piece_seed(run_seed, name, piece))
         if not isinstance(value, Tensor):
-            raise TypeError(f"piece {name!r}: its init must return a tensor, not {type(value).__name__}")
+            raise PluginError(f"piece {name!r}: its init must return a tensor, not {type(value).__name__}")
         out[name] = value.detach().cpu().clone()
     return out
 

@@ -1,6 +1,6 @@
 """PromptFL (Guo et al., TMC 2023) and PromptProx (FedProx on prompts): one CoOp text prompt, averaged by
 the server and used by every client; PromptProx adds (mu / 2) ||prompt - global prompt||^2 to the local
-loss (spec sec. 10; FedOTP's re-implementation, mu = 0.5)."""
+loss (FedUR implementation spec, sec. 10; FedOTP's re-implementation, mu = 0.5)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from torch import Tensor
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import Method, shared_names
-from fedur.methods.fedur import fused_group_logits, fused_group_text_side
 from fedur.methods.pieces import Piece, text_context
 from fedur.methods.proximal import proximal_term
 
@@ -25,20 +24,12 @@ class PromptFL(Method):
 
     preset = "promptfl"
 
-    group_forward = "fused"
 
     def pieces(self) -> dict[str, Piece]:
         return {"text_ctx": text_context(shared=True)}
 
     def default_labeller(self) -> Labeller | None:
         return FPL()
-
-    def group_text_side(self, model: PromptedCLIP, pieces: list[dict[str, Tensor]]) -> list[Any]:
-        return fused_group_text_side(self, model, pieces)
-
-    def group_logits(self, model: PromptedCLIP, images: list[Tensor], pieces: list[dict[str, Tensor]],
-                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
-        return fused_group_logits(self, model, images, pieces, texts, clients, rows)
 
 
 class PromptProx(PromptFL):

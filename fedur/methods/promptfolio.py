@@ -21,10 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import GlobalModel, GlobalView, Method
-from fedur.methods.fedur import fused_group_logits
 from fedur.methods.pieces import Piece, local_text_context, text_context
 from fedur.ranges import Fraction
 
@@ -37,7 +35,6 @@ class PromptFolio(Method):
     fixed theta; FPL pseudo-labels."""
 
     preset = "promptfolio"
-    group_forward = "fused"
 
     def __init__(self, theta: Fraction = 0.4, **kwargs) -> None:
         """
@@ -62,6 +59,3 @@ class PromptFolio(Method):
         """(C, D) (1 - theta) f_global + theta f_local, each unit-norm, their mixture not normalised again."""
         return (1.0 - self.theta) * model.text_features(pieces["text_ctx"]) + self.theta * model.text_features(pieces["text_local"])
 
-    def group_logits(self, model: PromptedCLIP, images: list[Tensor], pieces: list[dict[str, Tensor]],
-                     texts: list[Any], clients: list[ClientState], rows: list[Tensor | None] | None = None) -> list[Tensor]:
-        return fused_group_logits(self, model, images, pieces, texts, clients, rows)  # the default logits, a group at once

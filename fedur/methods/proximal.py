@@ -1,4 +1,4 @@
-"""FedProx's proximal term on prompts (PromptProx, spec sec. 10)."""
+"""FedProx's proximal term on prompts (PromptProx, FedUR implementation spec, sec. 10)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def proximal_term(params: list[Tensor], anchors: list[Tensor], mu: float) -> Ten
     gradient. Here it acts, as FedProx (Li et al., MLSys 2020) intends. An empty list gives 0.
     """
     if len(params) != len(anchors):
-        raise ValueError(f"{len(params)} parameters but {len(anchors)} anchors")
+        raise ValueError(f"{len(params)} parameters but {len(anchors)} anchors")  # internal: the method passes pairs
     if not params:
         return torch.zeros((), device="cpu")
     total = sum(((p - a.detach().to(device=p.device, dtype=p.dtype)) ** 2).sum() for p, a in zip(params, anchors))

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedur.errors import ConfigError
 from fedur.model.clip import FrozenCLIP, encode_image_prompted, encode_text_embeddings, vision_width_and_depth
 from fedur.model.precision import full_precision
 from fedur.model.prompts import TextPrompt, init_prompt
@@ -38,7 +39,7 @@ class PromptedCLIP(nn.Module):
     ) -> None:
         super().__init__()
         if n_ctx < 0 or visual_tokens < 0:
-            raise ValueError("model.n_ctx and model.visual_tokens must be >= 0")
+            raise ValueError("model.n_ctx and model.visual_tokens must be >= 0")  # internal: the settings' ranges check it first
         self.clip = clip.model
         self.tokenizer = clip.tokenizer
         self.init_std, self.seed = float(init_std), int(seed)
@@ -106,7 +107,7 @@ class PromptedCLIP(nn.Module):
         width, n_blocks = vision_width_and_depth(self.clip)
         depth = n_blocks - 1 if visual_depth is None else visual_depth
         if not 0 < depth <= n_blocks:
-            raise ValueError(f"model.visual_depth={visual_depth} must be in [1, {n_blocks}] for this backbone")
+            raise ConfigError(f"model.visual_depth={visual_depth} must be in [1, {n_blocks}] for this backbone")
         return (depth, tokens, width)
 
     def text_features(self, ctx: Tensor | None = None) -> Tensor:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from open_clip.transformer import text_global_pool
 from torch import Tensor, nn
 
+from fedur.errors import ConfigError, FedurError
 from fedur.network import reachable
 
 PACKAGE_MODEL_CONFIGS = Path(__file__).parent / "configs"
@@ -30,7 +31,7 @@ SHIPPED = "fedur"  # the model.pretrained tag of shipped weights
 _WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 
 
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(FedurError, RuntimeError):
     """The requested model or its weights cannot be loaded here; the message says what to do."""
 
 
@@ -315,7 +316,7 @@ def encode_image_prompted(
         x = x.transpose(0, 1)
     if return_tokens:
         if getattr(visual, "attn_pool", None) is not None:
-            raise ValueError(
+            raise ConfigError(
                 f"return_tokens needs a ViT whose tokens go through ln_post and proj one by one; "
                 f"{type(visual).__name__} has an attentional pooler"
             )

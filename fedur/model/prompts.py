@@ -1,4 +1,5 @@
-"""The learnable prompts: a CoOp text context (personal) and deep visual prompts (shared)."""
+"""The learnable prompts: a CoOp text context and its init (deep visual prompts are initialised the same way); which
+are shared is the method's to say (fedur/methods/pieces.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+
+from fedur.errors import ConfigError
 
 
 class TextPrompt(nn.Module):
@@ -26,15 +29,16 @@ class TextPrompt(nn.Module):
         super().__init__()
         width = token_embedding.weight.shape[1]
         if not classnames:  # the data layer refuses a dataset with fewer than two classes before this is built
-            raise ValueError("a text prompt needs at least one class name, got none")
+            raise ValueError("a text prompt needs at least one class name, got none")  # internal: see above
         if init.shape != (n_ctx, width):
-            raise ValueError(f"text prompt init has shape {tuple(init.shape)}, expected {(n_ctx, width)}")
+            raise ValueError(f"text prompt init has shape {tuple(init.shape)}, expected {(n_ctx, width)}")  # internal: built from the shape
         prefix = " ".join(["X"] * n_ctx)
         texts = [f"{prefix} {name.replace('_', ' ')}.".strip() for name in classnames]
         tokens = tokenizer(texts)  # (C, context_length)
         placeholder = tokenizer(["X"])[0, 1]
         if n_ctx and not bool((tokens[:, 1 : 1 + n_ctx] == placeholder).all()):
-            raise ValueError("the tokenizer does not map 'X' to one token; cannot place the text context")
+            raise ConfigError("the model's tokenizer does not map 'X' to one token, so fedur cannot place the text context "
+                              "in its class prompts; choose another model.name (an open_clip CLIP with its BPE tokenizer)")
         # Causal attention: nothing after the last EOT can reach a pooled position, so cut the padding.
         length = int(tokens.argmax(dim=-1).max()) + 1
         tokens = tokens[:, :length]  # (C, L)

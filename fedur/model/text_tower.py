@@ -139,7 +139,7 @@ def _pool_index(clip_model: nn.Module, tokens: Tensor) -> Tensor:
         return torch.zeros(n_cls, dtype=torch.long, device="cpu")
     if pool_type == "last":
         return torch.full((n_cls,), length - 1, dtype=torch.long, device="cpu")
-    raise ValueError(f"text_pool_type={pool_type!r}")  # rejected earlier by _unsupported
+    raise ValueError(f"text_pool_type={pool_type!r}")  # internal: rejected earlier by _unsupported
 
 
 def _make_layout(index: Tensor, length: int, n_shared: int, device: torch.device) -> _Layout:

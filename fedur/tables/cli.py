@@ -102,6 +102,17 @@ def check_inputs(grid: Grid, inputs: runner.Inputs) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """fedur-tables; an error a user can fix (a run's settings that cannot be read, ...) is one line, exit status 2."""
+    from fedur.errors import FedurError
+
+    try:
+        return tables(argv)
+    except FedurError as err:
+        print(f"fedur-tables: error: {err.one_line()}", file=sys.stderr)
+        return 2
+
+
+def tables(argv: list[str] | None = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)
     own, extra = split_extra(list(sys.argv[1:] if argv is None else argv))
     p = parser()

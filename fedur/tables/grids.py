@@ -8,38 +8,14 @@ Change a grid here and nowhere else; `tests/test_tables.py` checks that every co
 
 from __future__ import annotations
 
-import importlib.resources
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from fedur import plugins
 from fedur.data.datasets import dataset_classes
-from fedur.labels import CPL, FPL, CoDPL, CoPL
-from fedur.methods import (
-    GDAU,
-    SCAFFOLD,
-    FedCoPL,
-    FedOTP,
-    FedPGP,
-    FedTPG,
-    FedUR,
-    PFedPrompt,
-    PromptFL,
-    PromptFolio,
-    PromptProx,
-    ZeroShot,
-)
+from fedur.tables.paper import _TABLE1
 
-
-def _configs() -> Path:
-    """fedur's configs/: shipped inside the package as fedur.configs (a checkout's configs/ when installed
-    editable); a checkout that is only on the path has them beside the package."""
-    try:
-        return Path(str(importlib.resources.files("fedur.configs")))
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parents[2] / "configs"
-
-
-CONFIGS = _configs()
+CONFIGS = plugins.configs_dir()
 
 # Value a cell shows, from summary.json: every row's final mean accuracy over clients (each client on its own
 # test set; zero-shot CLIP's too); the paper's zero-shot number is CLIP on the whole test set, so the zero-shot
@@ -108,11 +84,10 @@ class Grid:
     protocol: str = "fedur"  # "own": every row with a preset runs with it (`with_protocol`)
 
 
-# fedur's own methods and labellers by key (paper.py's row keys): each class says its table name (`label`) and
-# its published settings (`preset`, configs/presets/<preset>.yaml).
-METHODS = {cls.key: cls for cls in (FedUR, FedCoPL, PromptFL, PromptProx, PFedPrompt, FedOTP, ZeroShot, GDAU,
-                                    FedPGP, FedTPG, PromptFolio, SCAFFOLD)}
-LABELLERS = {cls.key: cls for cls in (FPL, CPL, CoPL, CoDPL)}
+# fedur's own methods and labellers by key (paper.py's row keys), found from their classes (fedur/plugins.py): each
+# class says its table name (`label`) and its published settings (`preset`, configs/presets/<preset>.yaml).
+METHODS = plugins.by_key("method")
+LABELLERS = plugins.by_key("labeller")
 # Row keys -> the class fedur's --method / --labeller take.
 METHOD_CLASSES = {key: cls.__name__ for key, cls in METHODS.items()}
 LABELLER_CLASSES = {key: cls.__name__ for key, cls in LABELLERS.items()}
@@ -143,12 +118,14 @@ def _flag(cls: type) -> str:
     return cls.__name__ if cls.__module__.startswith("fedur.") else f"{cls.__module__}.{cls.__qualname__}"
 
 
-ZERO_SHOT_ROW = Row("zeroshot", (ZeroShot.label, "-"), ("--method", METHOD_CLASSES["zeroshot"]), paper_basis=ZERO_SHOT)
-BASELINES = ("promptfl", "promptprox", "pfedprompt", "fedotp")  # the paper's FL baselines, in its row order
+ZERO_SHOT_ROW = Row("zeroshot", (METHODS["zeroshot"].label, "-"), ("--method", METHOD_CLASSES["zeroshot"]), paper_basis=ZERO_SHOT)
+# The paper's FL baselines, in its row order (its Table 1's rows `<method>+<labeller>`, fedur/tables/paper.py).
+BASELINES = tuple(dict.fromkeys(row.split("+")[0] for row in _TABLE1 if "+" in row))
 BASELINE_LABELS = {key: METHODS[key].label for key in BASELINES}
-# The baselines fedur added after the paper's (FedPGP, FedTPG, PromptFolio; their published settings in
-# configs/presets/): not in the paper's tables, so only in the demo's and the CPU proxy's grids.
-NEW_BASELINES = ("fedpgp", "fedtpg", "promptfolio")
+# Every other method of fedur's that trains, beside the paper's two (FedCoPL, FedUR): the baselines fedur added after
+# the paper's (FedPGP, FedTPG, PromptFolio, SCAFFOLD, ...; their published settings in configs/presets/). Not in the
+# paper's tables, so only in the demo's and the CPU proxy's grids. A method added to fedur joins them by its class.
+NEW_BASELINES = tuple(key for key, cls in METHODS.items() if cls.trains and key not in (*BASELINES, "fedur", "fedcopl"))
 
 # Table 1 and 2's rows, in the paper's order; GDA-U (training-free, cited by the paper but not in its tables)
 # is fedur's addition, below zero-shot CLIP.
@@ -263,7 +240,7 @@ DEMO_FIGURE3_COLUMNS = figure3_columns("demo", "smoke.yaml", (2, 4, 8), (0.25, 0
 
 # The evaluation protocols on the demo (docs/protocols.md): every method with its own labeller. Each protocol's
 # columns read one run per row and seed (Column.runs), each showing another of its numbers (Column.value).
-PROTOCOL_METHODS = ("promptfl", "promptprox", "pfedprompt", "fedotp", "promptfolio", "fedpgp", "fedtpg", "scaffold")
+PROTOCOL_METHODS = (*BASELINES, *NEW_BASELINES)
 
 
 def own_row(method: str) -> Row:
@@ -400,6 +377,7 @@ def with_protocol(grid: Grid, protocol: str) -> Grid:
     if protocol == "fedur":
         return grid
     if protocol != "own":
+        # internal: fedur-tables' choices check it first
         raise ValueError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
     presets = sorted({preset_config(r, c) for r in grid.rows for c in grid.columns if r.preset})
     return replace(grid, name=f"{grid.name}-own", title=f"{grid.title}; baselines with their own settings",

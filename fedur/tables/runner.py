@@ -136,13 +136,13 @@ def other_settings(specs: list[RunSpec], inputs: Inputs) -> list[tuple[RunSpec, 
         committed = checkpoint.latest(spec.run_dir)
         if committed is None:
             continue
-        if parser is None:  # fedur.main imports torch: only when there is a finished run to check
+        if parser is None:  # the parser imports the plugins (torch): only when there is a finished run to check
+            from fedur.cli import build_parser, parse_config
             from fedur.config import result_settings
-            from fedur.main import build_parser, parse_config
 
             parser = build_parser()
         cmd = command(spec, inputs)
-        cfg, _ = parse_config(cmd[cmd.index("--config"):], parser)
+        cfg = parse_config(cmd[cmd.index("--config"):], parser)
         diff = changed_settings(committed.marker.settings, result_settings(cfg.settings))
         diff.pop("fabric.precision", None)
         if diff:

@@ -2,7 +2,7 @@
 
     <run_dir>/checkpoints/round_00003/client_000.pt ...   one file per client (ClientState.state_dict), written
                                                           by the rank that hosts it
-                                      global.pt           the server's state (ServerState.state_dict, rank 0)
+                                      global.pt           what every rank knows (RunState.state_dict, rank 0)
                                       COMMITTED.json      the commit marker (Marker), written by rank 0 after a
                                                           barrier, last
 
@@ -31,14 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedur.errors import FedurError
 from fedur.train import faults
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from fedur.federated.client import ClientState
-    from fedur.train.rank import Rank
-    from fedur.train.server import ServerState
+    from fedur.train.host import Host
+    from fedur.train.state import RunState
 
 CHECKPOINTS = "checkpoints"
 MARKER = "COMMITTED.json"
@@ -51,7 +52,7 @@ def first_round(format: int) -> int:
     return 0 if format == 1 else 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(FedurError, RuntimeError):
     """A checkpoint is missing, incomplete or unreadable; the message names the file and what to do."""
 
 
@@ -125,6 +126,7 @@ def save(obj, path: Path) -> None:
         Path(path).unlink(missing_ok=True)
         if isinstance(err, OSError) and err.filename:
             raise
+        # machine: a write that failed
         raise OSError(errno.ENOSPC if full else errno.EIO, os.strerror(errno.ENOSPC) if full else str(err).splitlines()[0],
                       str(path)) from err
 
@@ -142,7 +144,7 @@ def atomic_write_text(text: str, path: Path) -> None:
         tmp.write_text(text)
     except OSError as err:  # a full disk meets the write, whose error names no file
         tmp.unlink(missing_ok=True)
-        raise OSError(err.errno, err.strerror, str(path)) from err
+        raise OSError(err.errno, err.strerror, str(path)) from err  # machine: a write that failed
     os.replace(tmp, path)
 
 
@@ -206,26 +208,27 @@ def verify(committed: Committed, num_clients: int) -> None:
         load(client_file(committed.folder, client_id))
 
 
-def save_round(rank: Rank, run_dir: Path, server: ServerState, marker: Marker, keep: int) -> None:
-    """Each rank writes its own clients; after a barrier rank 0 writes the server's state, commits, prunes."""
-    fabric, collectives, round_idx = rank.fabric, rank.collectives, marker.round_idx
+def save_round(host: Host, run_dir: Path, state: RunState, marker: Marker, keep: int) -> None:
+    """Each rank writes its own clients; after a barrier rank 0 writes what every rank knows (global.pt), commits,
+    prunes."""
+    fabric, collectives, round_idx = host.fabric, host.collectives, marker.round_idx
     if fabric.is_global_zero:
         clear_uncommitted(run_dir, marker.number)
     collectives.barrier("checkpoint: prepare")
     folder = round_folder(run_dir, marker.number)
     folder.mkdir(parents=True, exist_ok=True)
-    for client in rank.clients:
+    for client in host.clients:
         atomic_save(client.state_dict(), client_file(folder, client.client_id))
     faults.point("commit", round_idx, fabric.global_rank)
     collectives.barrier("checkpoint: clients written")
     if fabric.is_global_zero:
-        atomic_save(server.state_dict(), folder / "global.pt")
+        atomic_save(state.state_dict(), folder / "global.pt")
         atomic_write_text(marker.to_json(), folder / MARKER)  # the commit: written last
         prune(run_dir, keep)
 
 
 def restore(committed: Committed, clients: list[ClientState]) -> dict:
-    """Load this rank's clients from the committed round; returns the server's state (global.pt)."""
+    """Load this rank's clients from the committed round; returns what every rank knew (global.pt)."""
     from fedur.federated.client import ClientStateError
 
     for client in clients:

@@ -18,6 +18,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from fedur.errors import ConfigError
+
 ENV = "FEDUR_FAULT"
 ACTIONS = ("kill", "raise", "hang")
 POINTS = ("train", "commit", "adapt")
@@ -38,7 +40,7 @@ class Fault:
     def parse(cls, spec: str) -> Fault:
         parts = spec.split(":")
         if len(parts) != 4 or parts[0] not in ACTIONS or parts[1] not in POINTS or not all(p.isdigit() for p in parts[2:]):
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV}={spec!r}: expected <action>:<point>:<round>:<rank> with action in {ACTIONS} "
                 f"and point in {POINTS}, e.g. kill:train:1:1"
             )
@@ -51,13 +53,13 @@ class Fault:
         if self.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if self.action == "raise":
-            raise InjectedFault(f"injected fault at {point} of round {self.round} on rank {rank}")
+            raise InjectedFault(f"injected fault at {point} of round {self.round} on rank {rank}")  # internal: the test-only injected fault
         while True:  # hang
             time.sleep(60)
 
 
 def injected() -> Fault | None:
-    """The fault FEDUR_FAULT asks for (None: none); a ValueError for a malformed one."""
+    """The fault FEDUR_FAULT asks for (None: none); a ConfigError for a malformed one."""
     spec = os.environ.get(ENV)
     return Fault.parse(spec) if spec else None
 

@@ -16,9 +16,11 @@ from fedur.federated.streams import client_generator
 from fedur.labels.base import PseudoLabels
 from fedur.methods.base import LocalRound, LocalStep
 from fedur.model.precision import ieee_float32_matmuls
+from fedur.train import faults
 
 if TYPE_CHECKING:
-    from fedur.train.rank import Rank
+    from fedur.train.host import Host
+    from fedur.train.module import Optimization
 
 
 @dataclass
@@ -39,18 +41,19 @@ def epoch_plan(clients: list[ClientState], generators: list[torch.Generator], ba
     return [[(k, torch.from_numpy(b[s])) for k, b in enumerate(batches) if s < len(b)] for s in range(steps)]
 
 
-def client_optimizer(rank: Rank, round_idx: int, optimizer_state: dict | None, params: list[Tensor]):
+def client_optimizer(host: Host, round_idx: int, optimizer_state: dict | None, params: list[Tensor], optim: Optimization):
     """SGD and its schedule for one client-round over `params`, from `optimizer_state` (its momentum; None: fresh)."""
-    optimization = rank.tuner.configure_optimizers(round_idx, params)
+    optimization = host.tuner.configure_optimizers(params, round_idx, optim)
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     if optimizer_state is not None:  # the momentum only: the learning rate is the schedule's
         optimizer.load_state_dict({"state": optimizer_state, "param_groups": optimizer.state_dict()["param_groups"]})
     return optimizer, scheduler
 
 
-def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer_states: list[dict | None]) -> list[LocalResult]:
-    """Train the clients of one unit (a client alone, or a group of run.clients_per_step) for the tuner's local
-    epochs on their selected pseudo-labels, in place.
+def train_unit(host: Host, clients: list[ClientState], round_idx: int, optimizer_states: list[dict | None],
+               optim: Optimization, class_weights: Tensor | None) -> list[LocalResult]:
+    """Train the clients of one unit (a client alone, or a group of run.clients_per_step) for `optim`'s local
+    epochs on their selected pseudo-labels, in place; `class_weights`: (C,) of the cross-entropy (None: unweighted).
 
     Each client starts from the pieces it holds (after aggregation: the global ones for what is shared)
     and from its `optimizer_states` entry (SGD momentum; None: fresh), and keeps what it learned; the round
@@ -60,27 +63,29 @@ def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer
     client has its own SGD and schedule and steps only when it had a batch; the method's before_step and
     after_step see each step.
     """
-    fabric, tuner, work, progress, method = rank.fabric, rank.tuner, rank.work, rank.progress, rank.method
+    fabric, tuner, work, progress, method = host.fabric, host.tuner, host.work, host.progress, host.method
     device = fabric.device
+    weights = None if class_weights is None else class_weights.to(device)
     starts = [c.pieces for c in clients]  # on the CPU: what the round began with (the method's upload sees it)
     names = tuple(tuner.trained_names(clients[0].pieces))  # the optimizer's order
     on_device = [c.on(device) for c in clients]  # the round's start, and the method's state, moved once
     pieces = [{n: t.detach().clone().requires_grad_(n in names) for n, t in c.pieces.items()} for c in on_device]
-    optimizers = [client_optimizer(rank, round_idx, state, [p[n] for n in names]) for p, state in zip(pieces, optimizer_states)]
+    optimizers = [client_optimizer(host, round_idx, state, [p[n] for n in names], optim)
+                  for p, state in zip(pieces, optimizer_states)]
     generators = [client_generator(work.seed, c.client_id, round_idx) for c in clients]  # each its own data order
     selected = [c.train_indices[c.pseudo_labels.indices.numpy()] for c in clients]  # rows of the train split
     lrs = [scheduler.get_last_lr()[0] for _, scheduler in optimizers]
     sums = torch.zeros(len(clients), 3, device=device)  # loss, loss_pos, loss_neg: summed on device, read once
     steps, lr_sums = [0] * len(clients), [0.0] * len(clients)
     who = f"client {clients[0].client_id}" if len(clients) == 1 else f"clients {', '.join(str(c.client_id) for c in clients)}"
-    for epoch in progress.iterate(range(tuner.optim.local_epochs), f"{who} epochs"):
+    for epoch in progress.iterate(range(optim.local_epochs), f"{who} epochs"):
         plan = epoch_plan(clients, generators, work.batch_size)
-        images = iter(rank.images.batches("train", [selected[k][b.numpy()] for step in plan for k, b in step]))
+        images = iter(host.images.batches("train", [selected[k][b.numpy()] for step in plan for k, b in step]))
         for step in plan:
             order = [k for k, _ in step]
             batches = [fabric.to_device(batch_of(clients[k].pseudo_labels, b, next(images))) for k, b in step]
             with fabric.autocast():
-                outs = tuner.training_step(batches, [pieces[k] for k in order], [on_device[k] for k in order])
+                outs = tuner.training_step(batches, [pieces[k] for k in order], [on_device[k] for k in order], weights)
             for k in order:
                 optimizers[k][0].zero_grad(set_to_none=True)
             with ieee_float32_matmuls():  # the float32 sections' gradients in float32 too (bf16 ones stay bf16)
@@ -107,6 +112,7 @@ def train_unit(rank: Rank, clients: list[ClientState], round_idx: int, optimizer
         means = (sums[k] / max(steps[k], 1)).tolist()  # device-to-host sync, once per client-round
         state = to_cpu(optimizers[k][0].state_dict()["state"])  # momentum kept between rounds, on the CPU like the rest
         results.append(LocalResult(*means, lr=lrs[k], optimizer_state=state, local=LocalRound(starts[k], steps[k], lr_sums[k])))
+    faults.point("train", round_idx, fabric.global_rank)  # a test's fault: after the rank's first unit of the round
     return results
 
 

@@ -20,6 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from fedur.federated.client import ClientState
 from fedur.labels import Labeller
+from fedur.methods import forward
 from fedur.methods.base import Method
 from fedur.model.classifier import PromptedCLIP
 
@@ -33,10 +34,9 @@ class PromptTuner(L.LightningModule):
     """Trains clients' pieces on `model` (its frozen CLIP stays as it is) with the labeller's loss plus the
     method's penalty, on logits the method forms."""
 
-    def __init__(self, model: PromptedCLIP, method: Method, labeller: Labeller | None, optim: Optimization) -> None:
+    def __init__(self, model: PromptedCLIP, method: Method, labeller: Labeller | None) -> None:
         super().__init__()
-        self.model, self.method, self.labeller, self.optim = model, method, labeller, optim
-        self.register_buffer("class_weights", None, persistent=False)  # (C,) global, from each refresh
+        self.model, self.method, self.labeller = model, method, labeller
 
     @property
     def num_classes(self) -> int:
@@ -47,33 +47,31 @@ class PromptTuner(L.LightningModule):
         that have elements (`pieces`: the client's values)."""
         return [name for name, piece in self.method.pieces().items() if piece.trains and pieces[name].numel()]
 
-    def use_class_weights(self, weights: Tensor | None) -> None:
-        """The global class weights of the cross-entropy until the next pseudo-label refresh (None: unweighted)."""
-        self.class_weights = None if weights is None else weights.to(self.device)
-
     def training_step(self, batches: list[tuple[Tensor, ...]], pieces: list[dict[str, Tensor]],
-                      clients: list[ClientState]) -> list[dict[str, Tensor]]:
+                      clients: list[ClientState], class_weights: Tensor | None = None) -> list[dict[str, Tensor]]:
         """One step of a group: client k's batch (images (B_k, 3, H, W), pseudo-labels (B_k,), the labeller's
         class mask (B_k, C) bool, the images' positions in the client's train images (B_k,)) with the pieces
         `pieces[k]` it is training; `clients[k]`: the client with its state on the device (its pieces: those it
-        began the round with). Returns each client's {"loss", "loss_pos", "loss_neg"}; the sum of the losses is
-        what to backpropagate (a client's pieces only reach its own loss, so each gets its own gradient)."""
-        texts = self.method.group_text_side(self.model, pieces)
-        logits = self.method.group_logits(self.model, [b[0] for b in batches], pieces, texts, clients, [b[3] for b in batches])
+        began the round with); `class_weights`: (C,) the cross-entropy's, on the device (None: unweighted).
+        Returns each client's {"loss", "loss_pos", "loss_neg"}; the sum of the losses is what to backpropagate (a
+        client's pieces only reach its own loss, so each gets its own gradient)."""
+        texts = forward.text_sides(self.method, self.model, pieces)
+        logits = forward.group_logits(self.method, self.model, [b[0] for b in batches], pieces, texts, clients,
+                                      [b[3] for b in batches])
         outs = []
         for part, (_, labels, mask, _), p, text, client in zip(logits, batches, pieces, texts, clients):
-            loss, loss_pos, loss_neg = self.labeller.loss(part, labels, mask, self.class_weights)
+            loss, loss_pos, loss_neg = self.labeller.loss(part, labels, mask, class_weights)
             penalty = self.method.penalty(self.model, p, client.pieces, client, text)  # client.pieces: the round's start
             outs.append({"loss": loss if penalty is None else loss + penalty, "loss_pos": loss_pos, "loss_neg": loss_neg})
         return outs
 
-    def configure_optimizers(self, round_idx: int, params: list[Tensor]) -> dict:
+    def configure_optimizers(self, params: list[Tensor], round_idx: int, optim: Optimization) -> dict:
         """SGD over one client's trained pieces `params` and its cosine schedule,
         stepped once per local epoch: lr = lr0 * (1 + cos(pi * e / E)) / 2, where e counts the local epochs
         since the last pseudo-label refresh and E = refresh_every * local_epochs. The scheduler starts at the
         first local epoch of round `round_idx`, so it restarts at every refresh. (The reference's two SGDs with
         equal settings act as this one.)"""
-        o = self.optim
+        o = optim
         optimizer = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
         first_epoch = (round_idx % o.refresh_every) * o.local_epochs
         schedule = partial(cosine_factor, first_epoch=first_epoch, total_epochs=o.refresh_every * o.local_epochs)

@@ -11,22 +11,22 @@ from fedur.data.split_file import image_ids
 from fedur.train.run_dir import writing
 
 if TYPE_CHECKING:
-    from fedur.train.rank import Rank
+    from fedur.train.host import Host
 
 COLUMNS = ("split", "image", "predicted", "class", "confidence")
 
 
-def write_predictions(rank: Rank, folder: Path, root: str | None) -> None:
+def write_predictions(host: Host, folder: Path, root: str | None) -> None:
     """One CSV per hosted client: split, image id (its path relative to dataset.root, or its index), the
     predicted class index and name, and the softmax probability of that class. No collective is called."""
     folder.mkdir(exist_ok=True)
-    classnames = rank.dataset.classnames
-    rows: dict[int, list[tuple]] = {c.client_id: [] for c in rank.clients}
+    classnames = host.dataset.classnames
+    rows: dict[int, list[tuple]] = {c.client_id: [] for c in host.clients}
     for split in ("train", "test"):
-        data = getattr(rank.dataset, split)
+        data = getattr(host.dataset, split)
         ids = image_ids(data, root)
-        predictions = rank.predict(split)
-        for client in rank.clients:
+        predictions = host.predict(split)
+        for client in host.clients:
             indices = client.train_indices if split == "train" else client.test_indices
             probs = predictions[client.client_id][0].softmax(dim=-1)
             confidence, predicted = probs.max(dim=-1) if len(probs) else (probs[:, 0], probs[:, 0].long())

@@ -19,14 +19,19 @@ import math
 
 import numpy as np
 import torch
-from lightning.fabric.loggers import TensorBoardLogger
 from torch import Tensor
 
 from fedur.federated.placement import placement_lines
 from fedur.metrics import accuracies, best, fmt, harmonic_mean, mean, pooled
-from fedur.plots import heatmap, save
 from fedur.train.progress import QUIET, Progress, eta_seconds, format_duration
 from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir, writing
+
+
+def heatmap(*args, **kwargs):
+    """fedur.plots.heatmap, imported when a figure is drawn: matplotlib is not needed before the first round."""
+    from fedur.plots import heatmap as draw
+
+    return draw(*args, **kwargs)
 
 
 def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accuracy: bool = True) -> str:
@@ -72,10 +77,30 @@ class Recorder:
         self.classnames: list[str] = []
         self.test_labels = True  # False: no accuracy to report (note_unlabelled)
         self.adapted: dict = {}  # the new clients' accuracy after adapting (record_adapted)
-        self.tensorboard = None
-        if enabled:
-            purge = {"purge_step": start_round + 1} if start_round else {}  # passed on to SummaryWriter
-            self.tensorboard = TensorBoardLogger(root_dir=str(run_dir.root), name="", version="tensorboard", **purge)
+        self.skipped: list[str] = []  # the images left out as unreadable (note_skipped)
+        self.startup: dict[str, float] = {}  # where this session's time before its first round went (seconds)
+        self.tensorboard = None  # opened with the first round's record (`open_tensorboard`)
+        self.deferred: list | None = [] if enabled else None  # what waits for it: TensorBoard's step 0, the figures
+
+    def open_tensorboard(self) -> None:
+        """TensorBoard's writer, and what waited for it: nothing a run needs before its first round is imported or
+        drawn before it (TensorBoard, matplotlib); called with the first round's record, or at the finish."""
+        if self.deferred is None:
+            return
+        from lightning.fabric.loggers import TensorBoardLogger
+
+        purge = {"purge_step": self.start_round + 1} if self.start_round else {}  # passed on to SummaryWriter
+        self.tensorboard = TensorBoardLogger(root_dir=str(self.run_dir.root), name="", version="tensorboard", **purge)
+        waiting, self.deferred = self.deferred, None
+        for write in waiting:
+            write()
+
+    def later(self, write) -> None:
+        """`write()` now, or once TensorBoard is open (`open_tensorboard`), in the order asked."""
+        if self.deferred is not None:
+            self.deferred.append(write)
+        elif self.enabled:
+            write()
 
     def note(self, line: str) -> None:
         """Print a line (rank 0; not fabric.print, which prints once per node)."""
@@ -84,7 +109,7 @@ class Recorder:
 
     def _logs(self, step: int) -> bool:
         """TensorBoard gets this step: rank 0, and after a resume only steps the kept rounds did not log."""
-        return self.tensorboard is not None and (self.start_round == 0 or step > self.start_round)
+        return self.enabled and (self.start_round == 0 or step > self.start_round)
 
     def _write_json(self, name: str, content: dict) -> None:
         """One top-level key per line, each value compact (matrices stay one line each)."""
@@ -93,13 +118,27 @@ class Recorder:
             with writing(self.run_dir.path(name)):
                 self.run_dir.path(name).write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
-    def _figure(self, fig, tag: str | None, step: int, file: str | None = None) -> None:
-        """A figure to a PNG in the run directory and/or to TensorBoard's images."""
-        if tag is not None and self._logs(step):
-            with writing(self.run_dir.path("tensorboard")):
-                self.tensorboard.experiment.add_figure(tag, fig, step, close=False)
-        with writing(self.run_dir.path(file or "tensorboard")):
-            save(fig, None if file is None else self.run_dir.path(file))
+    def _figure(self, draw, tag: str | None, step: int, file: str | None = None) -> None:
+        """A figure (`draw()` builds it: fedur.plots) to a PNG in the run directory and/or to TensorBoard's images, drawn
+        once for both, when TensorBoard is open."""
+        logs = tag is not None and self._logs(step)
+        if not logs and file is None:
+            return
+
+        def write() -> None:
+            from fedur.plots import close, rendered, write_png
+
+            fig = draw()
+            pixels = rendered(fig)  # (H, W, 3) uint8
+            close(fig)
+            if logs:
+                with writing(self.run_dir.path("tensorboard")):
+                    self.tensorboard.experiment.add_image(tag, pixels, step, dataformats="HWC")
+            if file is not None:
+                with writing(self.run_dir.path(file)):
+                    write_png(pixels, self.run_dir.path(file))
+
+        self.later(write)
 
     def start(self, config_yaml: str, description: str) -> None:
         """config.yaml; a resumed run keeps it and writes its own settings next to it."""
@@ -108,8 +147,11 @@ class Recorder:
             with writing(self.run_dir.path(name)):
                 self.run_dir.path(name).write_text(config_yaml)
         if self._logs(0):
-            with writing(self.run_dir.path("tensorboard")):
-                self.tensorboard.experiment.add_text("config", f"```\n{config_yaml}\n```", 0)
+            def text() -> None:
+                with writing(self.run_dir.path("tensorboard")):
+                    self.tensorboard.experiment.add_text("config", f"```\n{config_yaml}\n```", 0)
+
+            self.later(text)
         self.note(description)
 
     def record_placement(self, placement: dict) -> None:
@@ -131,8 +173,17 @@ class Recorder:
         clients = [f"client {k}" + (f" ({names[k]})" if names else "") for k in range(len(partition["train_sizes"]))]
         for name in ("train", "test"):
             if partition[name] is not None:
-                fig = heatmap(np.array(partition[name]), clients, classnames, f"{name} images per client and class")
-                self._figure(fig, f"partition/{name}", 0, file=f"partition_{name}.png")
+                counts, title = np.array(partition[name]), f"{name} images per client and class"
+                self._figure(lambda counts=counts, title=title: heatmap(counts, clients, classnames, title),
+                             f"partition/{name}", 0, file=f"partition_{name}.png")
+
+    def note_skipped(self, skipped: list[str]) -> None:
+        """The images left out as unreadable (data.corrupt_images skip): said once, on the console too, and kept for
+        summary.json's skipped_images."""
+        self.skipped = list(skipped)
+        if skipped:
+            self.note(f"{len(skipped)} unreadable image(s) left out (data.corrupt_images skip), e.g. {skipped[0]}; every "
+                      f"one of them: skipped_ids in {self.run_dir.path('partition.json')} (and skipped_images in summary.json)")
 
     def note_unlabelled(self, train_labels: bool, test_labels: bool) -> None:
         """Say once what is not reported for want of labels (metrics.jsonl and summary.json hold null there)."""
@@ -175,6 +226,7 @@ class Recorder:
             return
         with writing(self.run_dir.path(METRICS)), open(self.run_dir.path(METRICS), "a") as f:
             f.write(json.dumps(row) + "\n")
+        self.open_tensorboard()
         step = row["round"] + 1 - self.first_round  # rounds completed, from 1
         scalars = {
             "accuracy/mean": row["mean_accuracy"],
@@ -215,9 +267,8 @@ class Recorder:
         if row.get("selection") is not None and self._logs(step):  # (K, C) selected counts, refresh rounds
             selection = np.array(row["selection"])
             classes = self.classnames or [str(c) for c in range(selection.shape[1])]
-            fig = heatmap(selection, [f"client {k}" for k in range(len(selection))], classes,
-                          f"selected pseudo-labels, round {step}")
-            self._figure(fig, "pseudo_labels/selection", step)
+            self._figure(lambda: heatmap(selection, [f"client {k}" for k in range(len(selection))], classes,
+                                         f"selected pseudo-labels, round {step}"), "pseudo_labels/selection", step)
         session = self.rounds[self.start_round:]  # the pace of this process, not of an interrupted one
         left = eta_seconds(sum(r["round_seconds"] for r in session), len(session), row["rounds"] - step)
         parts = [f"round {step:>3}/{row['rounds']}"] + ([f"acc {fmt(row['mean_accuracy'])}%"] if self.test_labels else [])
@@ -256,20 +307,24 @@ class Recorder:
         matrix = per_client.sum(dim=0).numpy()
         step = len(self.rounds)
         self._write_json("confusion.json", {"round": step, "classnames": classnames, "matrix": matrix.tolist()})
-        if self._logs(step):
-            fig = heatmap(matrix, classnames, classnames, f"confusion after round {step} (rows: true, columns: predicted)",
-                          normalize_rows=True)
-            self._figure(fig, "confusion/final", step)
+        self._figure(lambda: heatmap(matrix, classnames, classnames,
+                                     f"confusion after round {step} (rows: true, columns: predicted)", normalize_rows=True),
+                     "confusion/final", step)
 
     def _scalars(self, scalars: dict, step: int) -> None:
         if self._logs(step):
             clean = {k: v for k, v in scalars.items() if v is not None and math.isfinite(v)}
-            with writing(self.run_dir.path("tensorboard")):
-                self.tensorboard.log_metrics(clean, step=step)
+
+            def write() -> None:
+                with writing(self.run_dir.path("tensorboard")):
+                    self.tensorboard.log_metrics(clean, step=step)
+
+            self.later(write)
 
     def finish(self, settings: dict, extra: dict) -> dict:
         """summary.json. The final accuracies are the last round's; with no round (zero-shot CLIP) the model
         that was evaluated is the zero-shot one."""
+        self.open_tensorboard()
         zero_shot = self.zero_shot
         final = self.rounds[-1] if self.rounds else {  # zero-shot CLIP is its own server model
             "mean_accuracy": zero_shot.get("zero_shot_client_mean"),
@@ -303,6 +358,7 @@ class Recorder:
             "first_round": self.first_round,  # the number of the first round in metrics.jsonl and best_round
             **self.zero_shot,
             "rounds_completed": len(self.rounds),
+            "startup_seconds": self.startup,  # this session's: imports, setup, zero_shot, other, total
             **extra,
             "placement": self.placement,
             "settings": settings,

@@ -15,7 +15,7 @@ from fedur.federated.client import check_tensors
 from fedur.labels.base import Labeller, PseudoLabels
 
 if TYPE_CHECKING:
-    from fedur.train.rank import Rank
+    from fedur.train.host import Host
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Refresh:
 
 
 def refresh_pseudo_labels(
-    rank: Rank, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int, train_labels: np.ndarray | None,
+    host: Host, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int, train_labels: np.ndarray | None,
     members: Tensor | None = None,
 ) -> Refresh:
     """Label every local client's train set with zero-shot CLIP (the first refresh) or with the client's
@@ -43,18 +43,18 @@ def refresh_pseudo_labels(
     The rank's train split has no labels: `train_labels` (the true label of every train row, None when the
     data has none) is read only here, and only to count `label_hits` for monitoring. `n_total`: the size of
     the whole train set (the cooperative allocation's fallback). `members`: (K,) bool, the clients that label
-    and cooperate (default: `rank.training`); the others keep their pseudo-labels and have zero rows.
+    and cooperate (default: `host.training`); the others keep their pseudo-labels and have zero rows.
     """
-    num_classes = rank.model.num_classes
-    members = rank.training if members is None else members
-    hosted = [c for c in rank.clients if members[c.client_id]]
-    predictions = rank.predict("train", zero_shot, desc="pseudo-labelling clients", clients=hosted)
+    num_classes = host.model.num_classes
+    members = host.training if members is None else members
+    hosted = [c for c in host.clients if members[c.client_id]]
+    predictions = host.predict("train", zero_shot, desc="pseudo-labelling clients", clients=hosted)
     probs = {k: logits.softmax(dim=-1) for k, (logits, _) in predictions.items()}
     quotas = None
     if labeller.cooperative:
         estimated = {k: labeller.estimate(p) for k, p in probs.items()}
         like = torch.zeros(num_classes, dtype=torch.long, device="cpu")
-        all_estimated = rank.gather(estimated, like, what="pseudo-label histograms")  # the clients' only upload
+        all_estimated = host.gather(estimated, like, what="pseudo-label histograms")  # the clients' only upload
         quotas = torch.zeros_like(all_estimated)  # the members' allocation among themselves; zeros for the others
         quotas[members] = labeller.allocate(all_estimated[members], n_total, refresh_idx)
     local = {}
@@ -63,12 +63,12 @@ def refresh_pseudo_labels(
         client.pseudo_labels = chosen = labeller.select(
             probs[client.client_id], None if quotas is None else quotas[client.client_id], refresh_idx, previous=previous
         )
-        rank.method.after_refresh(client, rank)
-        check_tensors(client.extra, f"{type(rank.method).__name__}.after_refresh's client.extra")
+        host.method.after_refresh(client, host.client_data)
+        check_tensors(client.extra, f"{type(host.method).__name__}.after_refresh's client.extra")
         counts = torch.bincount(chosen.labels, minlength=num_classes)
         local[client.client_id] = torch.cat([counts, label_hits(chosen, client.train_indices, train_labels),
                                              agreement(previous, chosen)])
-    gathered = rank.gather(local, torch.zeros(num_classes + 4, dtype=torch.long, device="cpu"), what="selected counts")
+    gathered = host.gather(local, torch.zeros(num_classes + 4, dtype=torch.long, device="cpu"), what="selected counts")
     selected, hits, agreed = gathered[:, :num_classes], gathered[:, num_classes:num_classes + 2], gathered[:, num_classes + 2:]
     if quotas is None:
         all_estimated = quotas = selected

@@ -13,15 +13,18 @@ from fedur.metrics import accuracies, harmonic_mean, mean, pooled
 from fedur.train.refresh import Refresh
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RoundOutcome:
     """What every rank knows at the end of a round, for all K clients (rows are client ids)."""
 
     round_idx: int
+    rounds: int  # how many the run has
     refreshed: bool  # the round began with a pseudo-label refresh
+    refresh: Refresh | None  # the last refresh (None: a method without a labeller)
     joined: Tensor  # (K,) bool: sampled to take part (federation.join_rate)
     weights: Tensor  # (K,) aggregation weight of each client that took part (Method.client_weights), else 0
     accuracy: Tensor  # (K, 2) [correct, total] on the client's test set after aggregation
+    confusion: Tensor | None = None  # (K, C, C) the clients' confusion matrices, where the round asked for them
     losses: Tensor  # (K, 4) mean loss, loss_pos, loss_neg and the first learning rate of each client that trained
     uploads: Tensor  # (K,) bytes each client sent
     seconds: float
@@ -29,16 +32,17 @@ class RoundOutcome:
     trains: bool = True  # the clients that took part trained with SGD (False: a training-free method)
     piece_bytes: dict[str, int] | None = None  # {shared piece or message: bytes} of one client's upload
     method_metrics: dict[str, float] | None = None  # what the method's aggregate reported
+    divergence: dict[str, dict] | None = None  # {piece: {drift_diversity, cosine_distance}} of the local updates
     training: Tensor | None = None  # (K,) bool: the clients that take part in rounds (None: all; else evaluation.new_clients)
     global_counts: Tensor | None = None  # (2,) [correct, total] of the server's model on the training clients' test union
     held_out_counts: dict[str, Tensor | None] | None = None  # {held-out set: (2,) counts} of the server's model
 
 
-def round_record(outcome: RoundOutcome, rounds: int, refresh: Refresh | None, divergence: dict[str, dict],
-                 first_round: int = 1) -> dict:
+def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
     """One line of metrics.jsonl: "round" is its number (from `first_round`: 1, as on the console; 0 in runs
     from before), every per-client list is indexed by client id. Without pseudo-labels (a method without a
     labeller: `refresh` None) the pseudo-label entries are None."""
+    refresh, rounds, divergence = outcome.refresh, outcome.rounds, outcome.divergence or {}
     trained = ((outcome.weights > 0) & outcome.trains).tolist()  # losses exist for the clients that trained
     refreshed, losses = outcome.refreshed, outcome.losses
     num_clients = len(trained)

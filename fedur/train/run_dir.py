@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedur.config import DIGEST, FILE_SETTINGS, file_digest, plugin_described
+from fedur.errors import FedurError
 from fedur.train import checkpoint
 
 LAYOUT: dict[str, str] = {
@@ -45,7 +46,7 @@ LAYOUT: dict[str, str] = {
 METRICS, ZERO_SHOT, LOCK = "metrics.jsonl", "zero_shot.json", "fedur.lock"
 
 
-class RunDirError(RuntimeError):
+class RunDirError(FedurError, RuntimeError):
     """The run directory cannot be used as asked; the message says what to do."""
 
 
@@ -66,6 +67,7 @@ class RunDir:
         """The path of one of LAYOUT's entries (`name` may also be a file inside a declared folder)."""
         top = name.split("/")[0]
         if not any(fnmatch.fnmatchcase(top, pattern) for pattern in LAYOUT):
+            # internal: every writer's name is declared
             raise KeyError(f"{name} is not part of a run directory: declare it in fedur/train/run_dir.py LAYOUT")
         return self.root / name
 
@@ -227,7 +229,7 @@ def writing(path: str | Path):
     except OSError as err:
         if err.filename:
             raise
-        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err  # machine: a write that failed
 
 
 def target(output_dir: str | None, resume: bool | str) -> str | None:

@@ -16,18 +16,19 @@ from fedur.data.held_out import hold_out
 from fedur.data.loaders import ImageLoader
 from fedur.data.partition import PartitionError, PartitionSpec, Parts, class_histogram, split_clients
 from fedur.data.split_file import image_ids, keep_rows, left_out_ids, part_ids, read_split_file
+from fedur.errors import FedurError
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
 from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
-from fedur.train.module import Optimization, PromptTuner
+from fedur.train.host import HeldOutSet, Host, LocalWork
+from fedur.train.module import PromptTuner
 from fedur.train.progress import Progress
-from fedur.train.rank import HeldOutSet, LocalWork, Rank
 
 
-class SetupError(ValueError):
+class SetupError(FedurError, ValueError):
     """The settings build a model the method cannot train; the message names them."""
 
 
@@ -42,8 +43,8 @@ class Truth:
 
 def setup(
     fabric: Fabric, collectives: Collectives, cfg: Config, progress: Progress
-) -> tuple[Rank, Truth, list[str]]:
-    """This rank (its dataset's train split without labels); the true train labels and the split as
+) -> tuple[Host, Truth, list[str]]:
+    """This process's Host (its dataset's train split without labels); the true train labels and the split as
     partition.json records it (the split is the same on every rank); and the images left out as unreadable
     (data.corrupt_images: skip)."""
     d, fed, optim, method = cfg.data, cfg.federation, cfg.optim, cfg.method
@@ -92,8 +93,7 @@ def setup(
     model.shared_prefix_text = cfg.model.shared_prefix_text
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     start = initial_values(method.pieces(), model, cfg.run.seed)  # every client starts from these, held on the CPU
-    tuner = PromptTuner(model, method, labeller, Optimization(
-        optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every, optim.schedule)).to(fabric.device)
+    tuner = PromptTuner(model, method, labeller).to(fabric.device)
     if method.trains and not tuner.trained_names(start):
         raise SetupError(f"nothing to train: {type(method).__name__} has no prompt or other piece with elements "
                          f"({', '.join(start) or 'none declared'}) with model.n_ctx={cfg.model.n_ctx} and "
@@ -106,12 +106,22 @@ def setup(
     images = ImageLoader({"train": dataset.train, "test": dataset.test}, loading.transform, d.num_workers,
                          pin_memory=fabric.device.type == "cuda")
     training = torch.arange(fed.num_clients, device="cpu") < fed.num_clients - new_client_count(cfg.evaluation.new_clients, fed.num_clients)
-    global_rows = np.unique(np.concatenate([test_parts[k] for k in range(fed.num_clients) if training[k]]))
+    test_owners = owners_of(test_parts, training, len(dataset.test))
     held = [HeldOutSet(h.name, h.rows, h.labels(dataset.test.labels), model.for_classes(h.classnames, dataset.template)
                        if h.classnames != dataset.classnames else model) for h in held_out]
-    rank = Rank(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start, training,
-                global_rows, held)
-    return rank, truth, loading.skipped
+    host = Host(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start, training,
+                test_owners, held)
+    return host, truth, loading.skipped
+
+
+def owners_of(test_parts: Parts, training, num_test: int) -> np.ndarray:
+    """(n_test,) int64: for each test row, the lowest id of the training clients whose test set holds it (the one
+    the global protocol scores it for: every image once), -1 where none does."""
+    owners = np.full(num_test, -1, dtype=np.int64)
+    for k in reversed(range(len(test_parts))):  # the lowest id written last
+        if training[k]:
+            owners[test_parts[k]] = k
+    return owners
 
 
 def partition_record(
@@ -158,22 +168,22 @@ def data_seed(cfg: Config) -> int:
     return 500 if seed == "reference" else seed
 
 
-def describe(rank: Rank, cfg: Config) -> str:
+def describe(host: Host, cfg: Config) -> str:
     """The run's first line: the data, the federation and where it runs."""
-    fed, dataset, labeller = cfg.federation, rank.dataset, rank.tuner.labeller
+    fed, dataset, labeller = cfg.federation, host.dataset, host.tuner.labeller
     return (
         f"fedur: {dataset.name} ({dataset.num_classes} classes, {len(dataset.train)} train / {len(dataset.test)} test), "
-        f"{fed.num_clients} clients on {rank.fabric.world_size} rank(s), {fed.partition} split, "
-        f"{fed.rounds} rounds x {fed.local_epochs} local epochs, method {rank.method.key} with labeller "
-        f"{'none' if labeller is None else labeller.describe()}, device {rank.fabric.device}"
-        + "".join(f"; {part}" for part in protocol_parts(rank))
+        f"{fed.num_clients} clients on {host.fabric.world_size} rank(s), {fed.partition} split, "
+        f"{fed.rounds} rounds x {fed.local_epochs} local epochs, method {host.method.key} with labeller "
+        f"{'none' if labeller is None else labeller.describe()}, device {host.fabric.device}"
+        + "".join(f"; {part}" for part in protocol_parts(host))
     )
 
 
-def protocol_parts(rank: Rank) -> list[str]:
+def protocol_parts(host: Host) -> list[str]:
     """What the evaluation protocols hold out (docs/protocols.md), for the run's first line."""
-    parts = [f"new clients {', '.join(map(str, rank.new_clients))} (held out of every round)"] if rank.new_clients else []
-    for held in rank.held_out:
-        classes = f", among {held.model.num_classes} other classes" if held.model is not rank.model else ""
+    parts = [f"new clients {', '.join(map(str, host.new_clients))} (held out of every round)"] if host.new_clients else []
+    for held in host.held_out:
+        classes = f", among {held.model.num_classes} other classes" if held.model is not host.model else ""
         parts.append(f"held out for the server's model: {held.name} ({len(held.rows)} test images{classes})")
     return parts

@@ -11,6 +11,7 @@ from PIL import Image
 from fedur.data.cache import CacheOptions, corrupt_message, prepare_splits, split_preprocess
 from fedur.data.datasets import DataUnavailableError, ImageSplit
 from fedur.data.loaders import BatchNormalize, ImageLoader, MappedImages, Pixels, SplitImages, in_batches, unchanged
+from fedur.errors import ConfigError
 
 SIZE = 24
 PREPROCESS = open_clip.image_transform(SIZE, is_train=False)  # what open_clip gives a 24-px model
@@ -169,7 +170,7 @@ def test_pixels_take_arrays_and_pil_images_alike_and_batch_normalize_matches_tor
     assert torch.equal(batch, torch.stack([PREPROCESS(Image.fromarray(p)) for p in pixels]))
     with pytest.raises(TypeError, match="uint8"):
         BatchNormalize(mean, std)(batch)  # normalising twice would be silent otherwise
-    with pytest.raises(ValueError, match="data.cache=false"):
+    with pytest.raises(ConfigError, match="data.cache=false"):
         split_preprocess(lambda image: image)
 
 

@@ -24,6 +24,7 @@ from fedur.data.datasets import (
     load_imagefolder,
     prepare_dataset,
 )
+from fedur.errors import PluginError
 
 
 def write_folder(root, layout):
@@ -158,7 +159,7 @@ def test_two_datasets_with_one_key_are_refused():
     class Clash(Dataset):
         key = "cub"
 
-    with pytest.raises(ValueError, match="CUB and .*Clash both have the key 'cub'"):
+    with pytest.raises(PluginError, match="CUB and .*Clash both have the key 'cub'"):
         dataset_classes()
     del Clash
     gc.collect()  # a class lives on in __subclasses__ until collected
@@ -184,7 +185,7 @@ def test_a_load_that_names_its_dataset_otherwise_is_refused():
     class Misnamed(TwoShapes):
         key = "misnamed"
 
-    with pytest.raises(ValueError, match="named 'twoshapes'; name it 'misnamed'"):
+    with pytest.raises(PluginError, match="named 'twoshapes'; name it 'misnamed'"):
         prepare_dataset(Misnamed(), DataOptions(), seed=1)
     del Misnamed
     gc.collect()

@@ -6,12 +6,15 @@ import json
 import numpy as np
 import pytest
 
+from fedur.cli import parse_config
 from fedur.data.clients import ClientFolders
 from fedur.data.datasets import DataOptions, DataUnavailableError, prepare_dataset
 from fedur.data.images import ImageSplit
 from fedur.data.partition import PartitionError, PartitionSpec, split_clients
 from fedur.data.split_file import count_clients, image_ids, keep_rows, part_ids, read_split_file
-from fedur.main import ConfigError, main, parse_config, settle_num_clients
+from fedur.errors import ConfigError
+from fedur.main import main
+from fedur.settle import settle_num_clients
 
 from ..own_data import write_client_folders, write_images
 
@@ -85,12 +88,12 @@ def test_the_number_of_clients_comes_from_the_folders(tmp_path):
     names = write_client_folders(tmp_path, clients=3, classes=3, train_per_client=4, test="none")
     base = ["--config", "configs/tiny.yaml", "--dataset", "ClientFolders", "--dataset.root", str(tmp_path),
             "--data.classnames_file", str(names)]
-    cfg, _ = parse_config([*base, "--federation.partition", "clients"])
+    cfg = parse_config([*base, "--federation.partition", "clients"])
     assert settle_num_clients(cfg) == 3 and cfg.federation.num_clients == 3 and cfg.settings["federation"]["num_clients"] == 3
-    cfg, _ = parse_config(base)  # tiny.yaml's dirichlet split
+    cfg = parse_config(base)  # tiny.yaml's dirichlet split
     with pytest.raises(ConfigError, match="brings its own 3 clients: set federation.partition=clients"):
         settle_num_clients(cfg)
-    cfg, _ = parse_config(["--config", "configs/tiny.yaml", "--federation.partition", "clients"])
+    cfg = parse_config(["--config", "configs/tiny.yaml", "--federation.partition", "clients"])
     with pytest.raises(ConfigError, match="dataset Synthetic has none: use dataset ClientFolders"):
         settle_num_clients(cfg)
 

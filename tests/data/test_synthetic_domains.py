@@ -104,9 +104,9 @@ def test_bad_domains_and_styles_are_refused():
 
 
 def test_it_parses_from_the_command_line():
-    from fedur.main import parse_config
+    from fedur.cli import parse_config
 
-    cfg, _ = parse_config(["--config", "configs/tiny.yaml", "--dataset", "SyntheticDomains",
+    cfg = parse_config(["--config", "configs/tiny.yaml", "--dataset", "SyntheticDomains",
                            "--dataset.domains", "[photo, sketch]", "--dataset.train_per_class", "3"])
     assert isinstance(cfg.dataset, SyntheticDomains)
     assert cfg.dataset.domains == ["photo", "sketch"] and cfg.dataset.train_per_class == 3

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fedur.errors import ConfigError
 from fedur.methods import fedotp_math
 from fedur.methods.fedotp_math import (
     balanced_ot_plan,
@@ -392,7 +393,7 @@ def test_errors():
     with pytest.raises(ValueError):
         partial_ot_plan(torch.zeros(3, 2), top_percent=0.0)
     # eps too small for float32: exp(-2 / 0.01) underflows, the plan is NaN, and that is an error
-    with pytest.raises(FloatingPointError):
+    with pytest.raises(ConfigError, match="larger --method.eps"):
         ot_plan(torch.full((1, 1, 3, 2), -1.0), eps=0.01)
 
 

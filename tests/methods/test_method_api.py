@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
+from examples.server_momentum import ServerMomentum
+from fedur.errors import PluginError
 from fedur.federated.client import ClientState
 from fedur.methods import SCAFFOLD, Aggregated, FedUR, LocalRound, LocalStep, PFedPrompt, Piece, ServerRound
 from fedur.methods.pieces import initial_values, piece_seed
 from fedur.model.prompts import init_prompt
-from tests.plugins.server_momentum import ServerMomentum
 
 SHAPE = (2, 3)
 
@@ -118,7 +119,7 @@ def test_fedurs_prompts_start_from_the_values_of_the_fixed_slots_they_replace(ti
     own = Piece(lambda m, seed: torch.randn(2, generator=torch.Generator().manual_seed(seed)))
     assert piece_seed(4, "adapter", own) == piece_seed(4, "adapter", own) != piece_seed(4, "other", own)
     assert 4000 + 100 <= piece_seed(4, "adapter", own) < 4000 + 1000
-    with pytest.raises(TypeError, match="piece 'bad': its init must return a tensor"):
+    with pytest.raises(PluginError, match="piece 'bad': its init must return a tensor"):
         initial_values({"bad": Piece(lambda m, seed: [0.0])}, model, 4)
 
 

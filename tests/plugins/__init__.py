@@ -1,2 +1,2 @@
-"""Plugins of a user's own, outside fedur's package: a method and a labeller each written as one file
-against fedur's public API (docs/extending.md), selected by their import paths in tests/test_plugins.py."""
+"""Plugins of the tests' own, outside fedur's package: a labeller and a method that describe themselves
+(described.py, tests/test_plugin_description.py). The plugins a user copies are in examples/."""

@@ -129,16 +129,17 @@ def test_the_order_is_a_pure_function_of_the_clients_stream():
 @pytest.mark.slow
 def test_the_demo_gives_the_same_bits_with_0_and_2_workers(tmp_path):
     """The README's smoke run with data.num_workers 0 and 2: bitwise the same results, and the README's 72.91%."""
-    from fedur.main import parse_config, run
+    from fedur.cli import parse_config
+    from fedur.run import run
 
     from ..conftest import assert_same_results
 
     runs = {}
     for workers in (0, 2):
         runs[workers] = tmp_path / f"workers-{workers}"
-        cfg, config_yaml = parse_config(["--config", "configs/smoke.yaml", "--run.progress", "false",
+        cfg = parse_config(["--config", "configs/smoke.yaml", "--run.progress", "false",
                                          "--data.num_workers", str(workers), "--run.output_dir", str(runs[workers])])
-        run(cfg, config_yaml)
+        run(cfg)
     assert_same_results(runs[0], runs[2], num_clients=4)
     for workers, run_dir in runs.items():
         summary = json.loads((run_dir / "summary.json").read_text())

@@ -5,18 +5,19 @@ import json
 import pytest
 import torch
 
-from fedur.main import parse_config, run
+from fedur.cli import parse_config
 from fedur.model.clip import load_clip
+from fedur.run import run
 
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
 
 
 def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path):
     run_dir = tmp_path / "run"
-    cfg, config_yaml = parse_config(
+    cfg = parse_config(
         ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--run.output_dir", str(run_dir)]
     )
-    result = run(cfg, config_yaml)
+    result = run(cfg)
 
     torch.manual_seed(cfg.run.seed)
     fresh = load_clip(cfg.model.name, cfg.model.pretrained)
@@ -47,10 +48,10 @@ def test_smoke_run_trains_only_prompts_and_keeps_text_prompts_personal(tmp_path)
 
 
 def run_smoke(tmp_path, *overrides):
-    cfg, config_yaml = parse_config(
+    cfg = parse_config(
         ["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run"), *overrides]
     )
-    result = run(cfg, config_yaml)
+    result = run(cfg)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     return result, row
 
@@ -102,7 +103,7 @@ def test_without_selection_or_filters_every_sample_is_trained_on(tmp_path):
 
 def test_fedcopl_switches_turn_weights_and_negatives_off(tmp_path):
     result, row = run_smoke(tmp_path, "--labeller", "CoDPL", "--labeller.class_weights", "none", "--labeller.negatives", "none")
-    assert result.tuner.class_weights is None and all(v == 0.0 for v in row["loss_neg"])
+    assert row["refreshed"] and row["class_weights"] is None and all(v == 0.0 for v in row["loss_neg"])
     assert all(not c.pseudo_labels.mask.any() for c in result.clients)
 
 
@@ -120,13 +121,13 @@ def test_feature_skew_runs_end_to_end_with_one_domain_per_client(tmp_path):
     root = write_domainnet(tmp_path / "domainnet")
     for scheme, clients in (("domain", 6), ("domain_dirichlet", 12)):
         run_dir = tmp_path / scheme
-        cfg, config_yaml = parse_config([
+        cfg = parse_config([
             "--config", "configs/tiny.yaml", "--dataset", "DomainNet", "--dataset.root", str(root),
             "--federation.partition", scheme, "--federation.num_clients", str(clients),
             "--federation.clients_per_domain", "2", "--federation.beta", "0.5", "--federation.min_train_per_client", "1",
             "--federation.rounds", "1", "--federation.local_epochs", "1", "--run.output_dir", str(run_dir),
         ])
-        result = run(cfg, config_yaml)
+        result = run(cfg)
         from fedur.train.setup import load_data
 
         domains = load_data(cfg).train.domains
@@ -163,9 +164,9 @@ def test_clients_trained_together_equal_one_after_the_other(tmp_path):
     for name, extra in (("one", []), ("three", ["--run.clients_per_step", "3"]),
                         ("prox-one", ["--method", "PromptProx"]),
                         ("prox-two", ["--method", "PromptProx", "--run.clients_per_step", "2"])):
-        cfg, config_yaml = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.refresh_every", "1",
+        cfg = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.refresh_every", "1",
                                          "--optim.optimizer_state", "client", "--run.output_dir", str(tmp_path / name), *extra])
-        runs[name] = run(cfg, config_yaml)
+        runs[name] = run(cfg)
     for a, b in (("one", "three"), ("prox-one", "prox-two")):
         rows = [[json.loads(line) for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in (a, b)]
         for x, y in zip(*rows):

@@ -41,11 +41,11 @@ def test_the_tuners_scheduler_restarts_at_every_refresh(tiny_clip):
     from fedur.train.module import Optimization
 
     model = PromptedCLIP(tiny_clip, ["cat", "dog"], n_ctx=2, visual_tokens=1, visual_depth=1, init_std=0.02, seed=1)
-    tuner = PromptTuner(model, FedUR(), CoDPL(), Optimization(lr=0.2, local_epochs=2, refresh_every=3))
+    tuner, optim = PromptTuner(model, FedUR(), CoDPL()), Optimization(lr=0.2, local_epochs=2, refresh_every=3)
     lrs = {}
     for round_idx in range(4):
         params = [torch.zeros(3, requires_grad=True), torch.zeros(2, requires_grad=True)]
-        optimization = tuner.configure_optimizers(round_idx, params)
+        optimization = tuner.configure_optimizers(params, round_idx, optim)
         optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
         assert optimization["lr_scheduler"]["interval"] == "epoch"
         assert [id(p) for p in optimizer.param_groups[0]["params"]] == [id(p) for p in params]
@@ -68,10 +68,10 @@ def test_the_constant_schedule_keeps_the_peak_rate(tiny_clip):
     from fedur.train.module import Optimization
 
     model = PromptedCLIP(tiny_clip, ["cat", "dog"], n_ctx=2, visual_tokens=1, visual_depth=1, init_std=0.02, seed=1)
-    tuner = PromptTuner(model, FedOTP(), FPL(), Optimization(lr=0.003, local_epochs=3, refresh_every=2,
-                                                             schedule="constant"))
+    tuner, optim = PromptTuner(model, FedOTP(), FPL()), Optimization(lr=0.003, local_epochs=3, refresh_every=2,
+                                                                     schedule="constant")
     for round_idx in range(3):
-        optimization = tuner.configure_optimizers(round_idx, [torch.zeros(2, requires_grad=True)])
+        optimization = tuner.configure_optimizers([torch.zeros(2, requires_grad=True)], round_idx, optim)
         optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
         for _ in range(3):
             assert optimizer.param_groups[0]["lr"] == pytest.approx(0.003)

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedur.main import parse_config, run
+from fedur.cli import parse_config
+from fedur.errors import PluginError
 from fedur.methods import FedUR
 from fedur.report import main as report_main
+from fedur.run import run
+from fedur.train.setup import SetupError
 from tests.conftest import scalar_curve
 
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
@@ -18,8 +21,8 @@ TINY = ["--config", "configs/tiny.yaml", "--federation.rounds", "3", "--federati
 
 
 def run_tiny(run_dir: Path, *flags: str):
-    cfg, config_yaml = parse_config([*TINY, "--run.output_dir", str(run_dir), *flags])
-    return run(cfg, config_yaml)
+    cfg = parse_config([*TINY, "--run.output_dir", str(run_dir), *flags])
+    return run(cfg)
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -47,7 +50,7 @@ def test_scaffold_equals_fedur_until_its_control_variates_exist_and_sends_them_a
 
 def test_a_server_metric_reaches_metrics_jsonl_tensorboard_and_the_report(tmp_path):
     run_dir = tmp_path / "momentum"
-    run_tiny(run_dir, "--method", "tests.plugins.server_momentum.ServerMomentum", "--method.momentum", "0.5")
+    run_tiny(run_dir, "--method", "examples.server_momentum.ServerMomentum", "--method.momentum", "0.5")
     norms = [r["method"]["velocity_norm_visual"] for r in rows(run_dir)]
     assert len(norms) == 3 and all(n > 0 for n in norms)
     curve = scalar_curve(run_dir / "tensorboard", "method/velocity_norm_visual")
@@ -61,10 +64,10 @@ def test_a_server_metric_reaches_metrics_jsonl_tensorboard_and_the_report(tmp_pa
 @pytest.mark.parametrize("shared", [False, True])
 def test_a_piece_a_plugin_declares_is_trained_saved_and_shared_as_declared(tmp_path, shared):
     run_dir = tmp_path / "adapter"
-    result = run_tiny(run_dir, "--method", "tests.plugins.feature_adapter.FeatureAdapter",
+    result = run_tiny(run_dir, "--method", "examples.feature_adapter.FeatureAdapter",
                       "--method.share_adapter", str(shared).lower())
     adapters = [c.pieces["adapter"] for c in result.clients]
-    dim = result.rank.model.feature_dim
+    dim = result.host.model.feature_dim
     assert adapters[0].shape == (dim, dim) and all(float(a.abs().max()) > 0 for a in adapters)  # it trained from zero
     same = all(torch.equal(a, adapters[0]) for a in adapters)
     assert same == shared
@@ -100,11 +103,11 @@ class WrongAggregate(FedUR):
     ("tests.train.test_method_api_runs.WrongAggregate", "aggregate must return fedur.methods.Aggregated"),
 ])
 def test_the_round_loop_names_a_broken_hook(tmp_path, method, message):
-    with pytest.raises((ValueError, TypeError), match=message):
+    with pytest.raises(PluginError, match=message):
         run_tiny(tmp_path / "broken", "--method", method)
 
 
 def test_a_method_with_nothing_to_train_stops_before_training(tmp_path):
-    with pytest.raises(ValueError, match="nothing to train: PromptFL has no prompt or other piece with elements"):
+    with pytest.raises(SetupError, match="nothing to train: PromptFL has no prompt or other piece with elements"):
         run_tiny(tmp_path / "empty", "--method", "PromptFL", "--model.n_ctx", "0")
     assert not (tmp_path / "empty" / "metrics.jsonl").exists()

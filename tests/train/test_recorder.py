@@ -199,8 +199,8 @@ def test_a_checkpoint_older_than_a_setting_counts_as_its_old_behaviour():
                                           "optim.schedule": ("cosine", "constant")}
     assert changed_settings(old, {**legacy, "method.mu": 0.5}) == {"method.mu": (ABSENT, 0.5)}  # not an added setting
     assert changed_settings({**legacy, "optim.schedule": "constant"}, legacy) == {"optim.schedule": ("constant", "cosine")}
+    from fedur.cli import parse_config
     from fedur.config import result_settings
-    from fedur.main import parse_config
 
-    cfg, _ = parse_config(["--config", str(REPO / "configs" / "tiny.yaml"), "--method", "PFedPrompt", "--labeller", "CoDPL"])
+    cfg = parse_config(["--config", str(REPO / "configs" / "tiny.yaml"), "--method", "PFedPrompt", "--labeller", "CoDPL"])
     assert set(ADDED_SETTINGS) <= set(result_settings(cfg.settings)), "each is a real setting's flat key"

@@ -3,7 +3,7 @@ distribution for federated visual classification"): the server treats the change
 a pseudo-gradient and steps along its momentum, and reports the momentum's norm every round. A method of a
 user's own, outside fedur:
 
-    python fedur/main.py --config configs/smoke.yaml --method tests.plugins.server_momentum.ServerMomentum \\
+    PYTHONPATH=. python fedur/main.py --config configs/smoke.yaml --method examples.server_momentum.ServerMomentum \\
         --method.momentum 0.5
 """
 

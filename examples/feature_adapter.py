@@ -2,7 +2,7 @@
 f' = normalize(f + f A), A (D, D) starting at zero (so round 1 starts from FedUR's model), personal unless
 `share_adapter`. A method of a user's own, outside fedur, in one file:
 
-    python fedur/main.py --config configs/smoke.yaml --method tests.plugins.feature_adapter.FeatureAdapter
+    PYTHONPATH=. python fedur/main.py --config configs/smoke.yaml --method examples.feature_adapter.FeatureAdapter
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from fedur.model.classifier import PromptedCLIP
 
 class FeatureAdapter(FedUR):
     """FedUR plus a residual linear adapter on the image features, trained with the prompts."""
-
-    group_forward = "per_client"  # its logits are not FedUR's, so neither is FedUR's fused group forward
 
     def __init__(self, share_adapter: bool = False, **kwargs) -> None:
         """

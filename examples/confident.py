@@ -2,7 +2,7 @@
 with its argmax label (the classic confidence-thresholded pseudo-labelling of FixMatch-style self-training),
 trained with fedur's cross-entropy (+ optional class weights and negatives of HardLabeller):
 
-    python fedur/main.py --config configs/smoke.yaml --labeller tests.plugins.confident.Confident \\
+    PYTHONPATH=. python fedur/main.py --config configs/smoke.yaml --labeller examples.confident.Confident \\
         --labeller.threshold 0.5
 """
 

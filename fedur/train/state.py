@@ -1,0 +1,43 @@
+"""What every rank knows between rounds, for all clients, each part by its concern: the server's (the global pieces
+and the method's state, fedur/train/server.py), the pseudo-labels' last refresh (its counts and class weights,
+fedur/train/refresh.py), the momentum carried from client to client (optim.optimizer_state=shared), and the run's
+wall clock. A checkpoint's global.pt holds it (`state_dict`); each client's own state is in its own file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedur.federated.client import momentum_only, to_cpu
+from fedur.train.refresh import Refresh
+from fedur.train.server import ServerState
+
+
+@dataclass
+class RunState:
+    server: ServerState
+    refresh: Refresh | None = None  # the last pseudo-label refresh (None before the first, or without a labeller)
+    carried_optimizer: dict | None = None  # optim.optimizer_state=shared: the momentum handed to the next client
+    wall_seconds: float = 0.0  # over every session of the run, up to the last commit
+
+    @property
+    def class_weights(self):
+        """(C,) the cross-entropy's class weights until the next refresh (None: unweighted, or no refresh yet)."""
+        return None if self.refresh is None else self.refresh.class_weights
+
+    def state_dict(self) -> dict:
+        """global.pt (its keys as every checkpoint format has them)."""
+        return {
+            "shared": {name: t.cpu() for name, t in self.server.shared.items()},
+            "refresh": None if self.refresh is None else vars(self.refresh),
+            "carried_optimizer": to_cpu(self.carried_optimizer),
+            "wall_seconds": self.wall_seconds,
+            "method": {name: t.cpu() for name, t in self.server.method.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        server = self.server
+        server.shared = {**server.shared, **{name: t for name, t in state["shared"].items() if name in server.shared}}
+        server.method = dict(state.get("method", {}))  # checkpoints before fedur 0.3 have none
+        self.refresh = None if state["refresh"] is None else Refresh(**state["refresh"])
+        self.carried_optimizer = momentum_only(state["carried_optimizer"])
+        self.wall_seconds = state["wall_seconds"]

@@ -1,0 +1,91 @@
+"""Runs the test files share: every one of fedur's methods on the tiny model, run once for the session (in one process,
+`tests/run_many.py`) and compared with, bitwise, by several files: its run on 2 ranks (tests/test_methods.py), its
+run crashed and resumed (tests/test_resume.py), its run with the train labels scrambled (tests/test_label_blind.py).
+
+The cases come from fedur's classes (fedur/plugins.py): a method added to fedur is in every one of those tests with
+nothing listed here. Beside them, the cases that exercise one mechanism each (SPECIAL).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# Two rounds with a refresh each (the second from trained prompts: state carried over), each client keeping its SGD
+# momentum, every checkpoint kept: what a resume must restore exactly, and what a scramble of the labels must not touch.
+SHARED = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.refresh_every", "1",
+          "--optim.optimizer_state", "client", "--run.keep_checkpoints", "5", "--run.progress", "false"]
+
+# Smaller than a method's defaults where a test checks a bound the tiny data would not reach.
+SMALLER = {"pfedprompt": ["--method.cache_shots", "4"], "fedpgp": ["--method.rank", "2"]}
+
+# One mechanism each, beside the methods' own cases.
+SPECIAL = {
+    # FedUR with clients trained together in fixed groups {0, 1, 2} and {3}: placed whole, so 2 ranks equal 1
+    "fedur-grouped": ["--run.clients_per_step", "3"],
+    # pFedPrompt's logits read each client's cache: grouped, its own forward runs once per client
+    "pfedprompt-grouped": ["--method", "PFedPrompt", "--run.clients_per_step", "2"],
+    # training-free, no labeller: the server sums the clients' statistics; half the clients take part each round
+    "gdau-join": ["--method", "GDAU", "--federation.join_rate", "0.5"],
+    # control variates in every client's extra and the server's state; their deltas sent as messages
+    "scaffold-join": ["--method", "SCAFFOLD", "--federation.join_rate", "0.75"],
+    # CPL's GRIP pools grow from one refresh to the next (the caps read the last fill)
+    "promptprox-grip": ["--method", "PromptProx", "--labeller", "CPL", "--labeller.per_class", "grip"],
+    # a piece of a plugin's own (an adapter on the image features), personal
+    "adapter": ["--method", "examples.feature_adapter.FeatureAdapter"],
+    # client 3 held out of every round, then adapting alone; the server's model with the clients' mean context
+    "fedur-new-clients": ["--evaluation.new_clients", "1", "--method.global_text", "mean"],
+    # base-to-novel: the tiny data's first 3 classes trained, the other 2 tested with their names (a generator
+    # conditioned on the names; FedUR's server model with the clients' mean context)
+    "fedtpg-base-to-novel": ["--method", "FedTPG", "--evaluation.base_to_novel", "true"],
+    "fedur-base-to-novel": ["--evaluation.base_to_novel", "true", "--method.global_text", "mean"],
+    # leave-one-domain-out: photo and sketch over 2 clients each, mosaic's test images for the server's model only
+    "promptfl-held-out-domain": ["--method", "PromptFL", "--dataset", "SyntheticDomains", "--dataset.classes", "5",
+                                 "--dataset.train_per_class", "12", "--dataset.test_per_class", "4",
+                                 "--dataset.domains", "[photo, sketch, mosaic]", "--federation.partition", "domain_dirichlet",
+                                 "--federation.clients_per_domain", "2", "--evaluation.held_out_domain", "mosaic"],
+    # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
+    "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",
+                               "--evaluation.new_client_labels", "zero_shot", "--evaluation.new_client_epochs", "1"],
+}
+
+
+def method_cases() -> dict[str, list[str]]:
+    """Every one of fedur's methods with its own labeller (by its key), then each labeller once more beside a method
+    that trains with another by default (`<method>+<labeller>`), the methods taken in turn."""
+    from fedur import plugins
+
+    methods = plugins.builtin("method")
+    cases = {cls.key: ["--method", cls.__name__, *SMALLER.get(cls.key, [])] for cls in methods}
+    trainable = [cls for cls in methods if cls.trains]
+    for i, labeller in enumerate(plugins.builtin("labeller")):
+        others = [m for m in trainable if type(m().default_labeller()) is not labeller]
+        method = others[i % len(others)]
+        cases[f"{method.key}+{labeller.key}"] = ["--method", method.__name__, "--labeller", labeller.__name__,
+                                                  *SMALLER.get(method.key, [])]
+    return cases
+
+
+def every_case() -> dict[str, list[str]]:
+    return {**method_cases(), **SPECIAL}
+
+
+def run_all(cases: dict[str, list[str]], root: Path, ranks: int = 1, timeout: int = 900) -> None:
+    """Each case into root/<name>, in one process (`ranks` 2: one `fabric run` of 2 CPU ranks)."""
+    from .conftest import free_port, run_ok
+
+    argv = [json.dumps([*SHARED, *flags, "--run.output_dir", str(root / name)]) for name, flags in cases.items()]
+    if ranks == 1:
+        run_ok([sys.executable, "tests/run_many.py", *argv], timeout=timeout)
+        return
+    fabric = str(Path(sys.executable).parent / "fabric")
+    run_ok([fabric, "run", "--accelerator", "cpu", "--devices", str(ranks), "--main-port", str(free_port()),
+            "tests/run_many.py", *argv], timeout=timeout)
+
+
+def ran(root: Path, name: str) -> Path:
+    run_dir = root / name
+    assert (run_dir / "summary.json").is_file(), f"{name}: no finished run in {run_dir}"
+    return run_dir
+
