@@ -8,7 +8,8 @@ The demo's CLIP knows only shapes, so the targets are shapes too: SyntheticDomai
 same ten names in another style: a cross-domain test) and a fresh Synthetic draw of five of the ten shapes
 (another class set: the server's model classifies among those five names). Each cell: the server model's
 accuracy, mean ± sample std over the seeds, and beside it zero-shot CLIP's on the same images. Exits non-zero
-when a run cannot be tested.
+when a run cannot be tested. `--test-per-class N` draws N test images per class of every target instead (a
+smoke of the script: tests/test_benchmarks.py).
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("column", type=Path, help="a grid column's folder: <row>/seed<k>/ run directories")
     parser.add_argument("--out", type=Path, help="write the table here too")
+    parser.add_argument("--test-per-class", type=int, help="test images per class of every target (default: each target's own)")
     args = parser.parse_args(argv)
+    targets = {name: [*flags, *(["--dataset.test_per_class", str(args.test_per_class)] if args.test_per_class else [])]
+               for name, flags in TARGETS.items()}  # the later flag wins
     rows = sorted(p for p in args.column.iterdir() if p.is_dir())
     lines = ["| method | " + " | ".join(f"{t} (server) | {t} (zero-shot)" for t in TARGETS) + " |",
              "|---|" + "---|---|" * len(TARGETS)]
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in sorted(row.glob("seed*")):
             if not (run / "summary.json").is_file():
                 continue
-            for target, flags in TARGETS.items():
+            for target, flags in targets.items():
                 try:
                     result = cross_dataset(run, [*flags, "--run.progress", "false"])
                 except Exception as err:  # noqa: BLE001 (reported and counted: the script then fails)

@@ -16,6 +16,8 @@ num_workers 0 and 2:
 It also reports the one-time cost of building the cache (decoding every image once) and its size.
 
     python benchmarks/data_throughput.py --root /tmp/data --images 5000 --image-size 224
+    python benchmarks/data_throughput.py --root DIR --images 8 --image-size 32 --workers 0 --build-workers 0 \
+        --repeats 1 --out /tmp/throughput.md         # a smoke: any small image folder, seconds
 
 Each figure is the median of --repeats epochs, with and without the cache alternating so that other
 jobs' load falls on both; the spread (min-max) and the median ratio of paired epochs are reported.
@@ -73,17 +75,17 @@ def compare(modes: dict, workers: int, args: argparse.Namespace) -> dict[str, li
     return rates
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", default="/tmp/data", help="image folder with train/<class>/*")
     parser.add_argument("--images", type=int, default=5000, help="stratified subset of the train images")
     parser.add_argument("--image-size", type=int, default=224, help="the model's input size (ViT-B/32: 224)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", default="0,2", help="DataLoader num_workers values to compare")
-    parser.add_argument("--build-workers", type=int, default=2, help="processes decoding into the cache")
+    parser.add_argument("--build-workers", type=int, default=2, help="processes decoding into the cache (0: in this one)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "data_throughput" / "results.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     dataset = load_imagefolder(args.root)
@@ -120,11 +122,12 @@ def main() -> None:
                     print(f"{label:13s} {mode:42s} workers {w}: {statistics.median(r):8,.0f} img/s "
                           f"({min(r):,.0f}-{max(r):,.0f}){'' if speedup is None else f' x{speedup:.2f}'}", flush=True)
 
-    write(args, rows, builds, len(jpegs))
+    write(args, rows, builds, len(jpegs), sys.argv[1:] if argv is None else argv)
+    return 0
 
 
-def write(args: argparse.Namespace, rows: list, builds: list, n: int) -> None:
-    command = "python benchmarks/data_throughput.py " + " ".join(sys.argv[1:])
+def write(args: argparse.Namespace, rows: list, builds: list, n: int, argv: list[str]) -> None:
+    command = "python benchmarks/data_throughput.py " + " ".join(argv)
     cpu = platform.processor() or platform.machine()
     lines = [
         "# Data throughput: decode every epoch vs the decode-once cache",
@@ -160,4 +163,4 @@ def write(args: argparse.Namespace, rows: list, builds: list, n: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,8 +15,8 @@ minutes on 2 cores):
 `--wheels DIR` first installs DIR/*.whl into --site (/tmp/site) with `pip install --no-index --no-deps
 --target`, and every process started here gets `PYTHONPATH=<site>:<repository root>` (fedur is used from the
 checkout, not installed). Then the imports are checked (torch with CUDA, lightning, open_clip, jsonargparse
-with signatures support, fedur, fedur.main parsing configs/smoke.yaml); a missing one stops the script with a
-FAIL line. `--check-imports-only` stops there.
+with signatures support, fedur, fedur.cli parsing configs/smoke.yaml, fedur.plugins naming the methods); a
+missing one stops the script with a FAIL line. `--check-imports-only` stops there.
 
 Steps (every fedur run is `python3 fedur/main.py --config configs/smoke.yaml ...` in a subprocess with a
 timeout; what is checked is read from the metrics.jsonl, summary.json and prompts/*.pt the runs write):
@@ -28,13 +28,16 @@ timeout; what is checked is read from the metrics.jsonl, summary.json and prompt
                      the summary's accuracies, every prompt file)
   resume-bf16        killed in round 3 (FEDUR_FAULT=kill:train:3:0: rounds 1 and 2 committed), then
                      --run.resume true on the same run directory: bitwise equal to demo-bf16
-  methods            every method (--method X) for 2 rounds: finishes with finite metrics
+  methods            every one of fedur's methods (--method X; their names from fedur.plugins.builtin("method"),
+                     read by the imports check in the runs' environment) for 2 rounds: finishes with finite
+                     metrics (a method without rounds, ZeroShot, with its summary only)
   clients-per-step   one round with --run.clients_per_step 4 against 1 (bf16): the same pseudo-label counts
                      (within 2), mean accuracy within 1 point, prompts within a rounding tolerance (PROMPT_RTOL)
   round-cost         ViT-B/32, random init, generated images (benchmarks/round_cost.py's `round` part): each
-                     phase's images per second, beside an 8192^3 bf16 matmul rate measured here
+                     phase's images per second, beside an 8192^3 bf16 matmul rate measured here; the evaluate
+                     phase with the global model on against off (round_cost.py runs both)
   memory             peak GPU memory (torch.cuda.max_memory_allocated, fedur run in-process in a child process
-                     through fedur.main.parse_config + fedur.main.run) with 10 and 100 clients
+                     through fedur.cli.parse_config + fedur.run.run) with 10 and 100 clients
 
 The first six run side by side (--jobs fedur processes at once); round-cost and memory run alone afterwards.
 Each step has its own time budget, the whole a global one (--budget); one failing step never stops the
@@ -75,7 +78,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_MARK = "FIRST_LIGHT_RESULT "  # a child process's last line: its figures as JSON
-METHODS = ("FedUR", "FedCoPL", "PromptFL", "PromptProx", "PFedPrompt", "FedOTP", "GDAU", "ZeroShot")
 LEARNING_MARGIN = 5.0  # points of mean accuracy above zero-shot: FedUR's smallest gain on the demo is +10.2
 # clients-per-step: 4 clients per step against one by one, after one round at bf16. The mean accuracy: a client's
 # test set is ~100 images, so one near-tie prediction that bf16 rounding flips moves it by ~1 point (seen: 1.96),
@@ -117,10 +119,12 @@ class Profile:
 
 
 # Budgets: the first six steps run side by side, so theirs count from the same start (waiting for a --jobs slot
-# included); round-cost and memory follow, alone. On CPU (2 cores, 2 jobs) the rehearsal took ~190 s: the first six
-# ~150 s (a demo run ~20-30 s, half of it process start), round-cost ~16 s, memory ~21 s. On the H200 (not yet
-# measured) a demo run should be mostly process start (~10-20 s): 15 runs over 6 jobs ~60 s, round-cost and memory
-# ~60-90 s each. The global budget keeps the whole under 8 minutes whatever a step does.
+# included); round-cost and memory follow, alone. On CPU (2 cores, 2 jobs) the rehearsal took ~190 s with 8 methods
+# on an idle machine: the first six ~150 s (a demo run ~20-30 s, half of it process start), round-cost ~16 s, memory
+# ~21 s; with 12 methods, round-cost's run twice (global model on and off), and another job on the cores, 419 s
+# (methods 301 s, round-cost 53 s). On the H200 (not yet measured) a demo run should be mostly process start
+# (~10-20 s): 19 runs over 6 jobs ~80 s, round-cost and memory ~60-90 s each. The global budget keeps the whole
+# under 8 minutes whatever a step does.
 GPU = Profile(
     device="cuda", budget=450,
     budgets={"imports": 90, "demo-bf16": 150, "demo-fp32": 150, "repeat-bf16": 180, "resume-bf16": 240, "methods": 270,
@@ -373,8 +377,8 @@ def step_imports(ctx: Context, step: Step) -> str:
     installed = f"{len(step.figures['wheels'])} wheels into {args.site}, then " if args.wheels else ""
     note = f"; note, unmet: {'; '.join(facts['unmet_requirements'])}" if facts["unmet_requirements"] else ""
     return (f"{installed}torch {facts['torch']} on {facts['device_name']}, lightning {facts['lightning']}, "
-            f"open_clip {facts['open_clip']}, jsonargparse {facts['jsonargparse']} (signatures), fedur.main parses "
-            f"configs/smoke.yaml{note}")
+            f"open_clip {facts['open_clip']}, jsonargparse {facts['jsonargparse']} (signatures), fedur.cli parses "
+            f"configs/smoke.yaml, {len(facts['methods'])} methods{note}")
 
 
 def step_demo_bf16(ctx: Context, step: Step) -> str:
@@ -431,6 +435,10 @@ def step_resume_bf16(ctx: Context, step: Step) -> str:
 
 
 def step_methods(ctx: Context, step: Step) -> str:
+    # fedur's own methods and their rounds, from the imports check (fedur.plugins in the runs' environment: this
+    # process imports nothing of fedur, which may need the wheels installed first)
+    methods = ctx.facts["methods"]
+
     def one(method: str) -> tuple[str, str | None, float | None]:
         """(method, what is wrong or None, final mean accuracy)."""
         run_dir = ctx.runs / f"method-{method}"
@@ -439,7 +447,7 @@ def step_methods(ctx: Context, step: Step) -> str:
             summary, rows = read_summary(run_dir), read_rows(run_dir)
         except StepFailure as err:
             return method, str(err), None
-        expected = 0 if method == "ZeroShot" else 2  # ZeroShot has no rounds: its summary only
+        expected = methods[method]  # a method without rounds (ZeroShot): its summary only
         if len(rows) != expected or summary["rounds_completed"] != expected:
             return method, f"{len(rows)} metrics rows, {summary['rounds_completed']} rounds completed (expected {expected})", None
         bad = non_finite(rows) + non_finite({k: summary.get(k) for k in ("final_mean_accuracy", "final_client_accuracy",
@@ -448,14 +456,14 @@ def step_methods(ctx: Context, step: Step) -> str:
             return method, f"non-finite or missing: {', '.join(bad[:5]) or 'final_mean_accuracy'}", None
         return method, None, summary["final_mean_accuracy"]
 
-    with ThreadPoolExecutor(len(METHODS)) as pool:  # the --jobs slots bound how many run at once
-        results = list(pool.map(one, METHODS))
+    with ThreadPoolExecutor(len(methods)) as pool:  # the --jobs slots bound how many run at once
+        results = list(pool.map(one, methods))
     step.figures = {m: {"final_mean_accuracy": acc, "problem": problem} for m, problem, acc in results}
     failed = [f"{m}: {problem}" for m, problem, _ in results if problem]
     if failed:
-        raise StepFailure(f"{len(failed)} of {len(METHODS)} failed: " + "; ".join(failed))
+        raise StepFailure(f"{len(failed)} of {len(methods)} failed: " + "; ".join(failed))
     finals = ", ".join(f"{m} {acc:.1f}" for m, _, acc in results)
-    return f"all {len(METHODS)} finish 2 rounds with finite metrics (final mean %: {finals})"
+    return f"all {len(methods)} finish 2 rounds with finite metrics (final mean %: {finals})"
 
 
 def step_clients_per_step(ctx: Context, step: Step) -> str:
@@ -510,9 +518,11 @@ def step_round_cost(ctx: Context, step: Step) -> str:
         cmd += ["--threads", "1"]
     ctx.run_ok(step, cmd)
     results = json.loads((out / f"{p.device}.json").read_text())
-    (key, run), = results["round"].items()
-    if "error" in run:
-        raise StepFailure(f"round_cost.py's run failed: {tail(run['error'])}")
+    # One configuration, run with the global model on (fedur's default) and off: the verdict's figures are the first's.
+    (key, run), = ((k, r) for k, r in results["round"].items() if not k.endswith("|global-off"))
+    failed = [r for r in results["round"].values() if "error" in r]
+    if failed:
+        raise StepFailure(f"round_cost.py's run failed: {tail(failed[0]['error'])}")
     rows = []
     for r in run["rounds"]:
         ph = r.get("phase_seconds") or {}
@@ -523,15 +533,24 @@ def step_round_cost(ctx: Context, step: Step) -> str:
                      "images_per_s": rates, "floor_seconds": r["floor_seconds"]})
         if set(rates) != {phase for phase, n in images.items() if n} or non_finite(rates):
             raise StepFailure(f"round {r['round']}: phase times missing or not finite: {ph}")
+    global_evaluation = results.get("global_evaluation", {}).get(key) or []
     step.figures.update({"run": key, "command": run["command"], "model": run["model"], "clients": run["clients"],
                          "train_images": run["train_images"], "test_images": run["test_images"], "rounds": rows,
+                         "global_evaluation": global_evaluation, "startup_seconds": run.get("startup_seconds"),
                          "round_cost_matmul_flops_per_s": results["matmul"]["flops_per_s"]})
     last = rows[-1]
     rates = ", ".join(f"{phase} {rate:,.0f} img/s" for phase, rate in last["images_per_s"].items())
+    ratio = global_evaluation[-1]["on_over_off"] if global_evaluation else None
+    evaluate = f"; evaluate x{ratio:.2f} with the global model on than off" if ratio else ""
     return (f"{run['model']}, {run['clients']} clients, {run['train_images']} train / {run['test_images']} test images, "
-            f"round {last['round']}: {rates} (round {last['round_seconds']:.2f} s, floor {last['floor_seconds']:.2f} s); "
-            f"{matmul['dtype']} {matmul['n']}^3 matmul {matmul['median_flops_per_s'] / 1e12:,.1f} TFLOP/s "
-            f"(median of {matmul['reps']}, best {matmul['best_flops_per_s'] / 1e12:,.1f})")
+            f"round {last['round']}: {rates} (round {last['round_seconds']:.2f} s, floor {last['floor_seconds']:.2f} s{evaluate}); "
+            f"{matmul['dtype']} {matmul['n']}^3 matmul {flop_rate(matmul['median_flops_per_s'])} "
+            f"(median of {matmul['reps']}, best {flop_rate(matmul['best_flops_per_s'])})")
+
+
+def flop_rate(flops_per_s: float) -> str:
+    """TFLOP/s on a GPU; GFLOP/s where that would read 0.0 (the CPU rehearsal's bf16 matmul)."""
+    return f"{flops_per_s / 1e12:,.1f} TFLOP/s" if flops_per_s >= 1e12 else f"{flops_per_s / 1e9:,.1f} GFLOP/s"
 
 
 def step_memory(ctx: Context, step: Step) -> str:
@@ -605,11 +624,17 @@ def child_imports(argv: list[str]) -> dict:
                 missing.append(f"jsonargparse signatures support ({flag} is False)")
     if "fedur.main" in facts:
         try:
-            from fedur.main import parse_config
+            from fedur.cli import parse_config
 
             parse_config(["--config", "configs/smoke.yaml"])
         except Exception as err:
-            missing.append(f"fedur.main.parse_config(configs/smoke.yaml) ({type(err).__name__}: {err})")
+            missing.append(f"fedur.cli.parse_config(configs/smoke.yaml) ({type(err).__name__}: {err})")
+        try:  # what the methods step runs: every one of fedur's methods, and the rounds each has of 2
+            from fedur import plugins
+
+            facts["methods"] = {cls.__name__: cls().rounds(2) for cls in plugins.builtin("method")}
+        except Exception as err:
+            missing.append(f"fedur.plugins.builtin('method') ({type(err).__name__}: {err})")
     facts["python"] = platform.python_version()
     facts["executable"] = sys.executable
     return {**facts, "missing": missing, "unmet_requirements": unmet_requirements()}
@@ -667,15 +692,16 @@ def child_matmul(argv: list[str]) -> dict:
 
 
 def child_memory(argv: list[str]) -> dict:
-    """fedur in this process (fedur.main.parse_config + fedur.main.run, as tests/train/test_fit.py does), then its
+    """fedur in this process (fedur.cli.parse_config + fedur.run.run, as tests/train/test_fit.py does), then its
     peak memory: torch.cuda.max_memory_allocated on CUDA, the process's peak RSS on CPU."""
     import torch
 
-    from fedur.main import parse_config, run
+    from fedur.cli import parse_config
+    from fedur.run import run
 
-    cfg, config_yaml = parse_config(argv)
+    cfg = parse_config(argv)
     cuda = cfg.fabric.accelerator == "cuda"
-    run(cfg, config_yaml)  # nothing was on the GPU before it: the process's peak is the run's
+    run(cfg)  # nothing was on the GPU before it: the process's peak is the run's
     if cuda:
         return {"kind": "torch.cuda.max_memory_allocated, fedur in-process", "peak_bytes": torch.cuda.max_memory_allocated(),
                 "reserved_bytes": torch.cuda.max_memory_reserved()}

@@ -9,7 +9,9 @@ stratified fraction of the images, and writes a Markdown table of the results.
     python benchmarks/learning_check.py                        # ~40 min on 2 CPU cores
     python benchmarks/learning_check.py --variants fedur --seeds 1,2,3
 
-Finished runs (same variant and seed in the same --workdir) are reused when rerun.
+Finished runs (same variant and seed in the same --workdir) are reused when rerun. `--data-root DIR` reads an
+extracted CIFAR-10 folder (train/<class>/, test/<class>/; any subset of it) instead of extracting the archive.
+Exits non-zero when a run fails.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def run_variant(name: str, seed: int, args: argparse.Namespace, data_root: Path,
         "--model.pretrained", str(tiny / "tinyclip-teacher-a.pt"),
         "--dataset", "ImageFolder", "--dataset.root", str(data_root), "--data.num_workers", "0",
         "--data.train_fraction", str(args.train_fraction), "--data.test_fraction", str(args.test_fraction),
-        "--federation.num_clients", "10", "--federation.partition", "dirichlet", "--federation.beta", "0.1",
+        "--federation.num_clients", str(args.clients), "--federation.partition", "dirichlet", "--federation.beta", "0.1",
         "--federation.rounds", str(args.rounds), "--federation.local_epochs", str(args.local_epochs),
         "--federation.refresh_every", str(args.refresh_every),
         "--run.seed", str(seed), "--run.threads", str(args.threads), "--run.output_dir", str(out),
@@ -71,7 +73,7 @@ def run_variant(name: str, seed: int, args: argparse.Namespace, data_root: Path,
 
 def table(results: dict[tuple[str, int], dict], args: argparse.Namespace) -> str:
     lines = [
-        f"CIFAR-10 (tiny-clip), 10 clients, Dirichlet beta 0.1: {args.rounds} rounds x {args.local_epochs} local "
+        f"CIFAR-10 (tiny-clip), {args.clients} clients, Dirichlet beta 0.1: {args.rounds} rounds x {args.local_epochs} local "
         f"epochs, refresh every {args.refresh_every}; train fraction {args.train_fraction}, test fraction "
         f"{args.test_fraction}. Accuracies in %, mean over clients of each client's own test set.",
         "",
@@ -94,26 +96,29 @@ def table(results: dict[tuple[str, int], dict], args: argparse.Namespace) -> str
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shared-dir", type=Path, default=Path(os.environ.get("FEDUR_SHARED_DIR", REPO.parent / "shared")))
+    parser.add_argument("--data-root", type=Path, help="an extracted CIFAR-10 folder (default: the shared archive, "
+                                                        "extracted into --workdir)")
     parser.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "learning_check")
     parser.add_argument("--variants", default="fedur,fedcopl,fedur-local")
     parser.add_argument("--train-fraction", type=float, default=0.05)
     parser.add_argument("--test-fraction", type=float, default=0.1)
+    parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--local-epochs", type=int, default=10)
     parser.add_argument("--refresh-every", type=int, default=5)
     parser.add_argument("--seeds", default="1", help="comma-separated, e.g. 1,2,3 (the paper's seeds)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report", default="results.md", help="Markdown table written into --workdir")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     tiny = args.shared_dir / "assets" / "tiny-clip"
     archive = args.shared_dir / "data" / "cifar10-jpg.tar.gz"
-    if not tiny.is_dir() or not archive.is_file():
-        sys.exit(f"needs {tiny} and {archive}: pass --shared-dir or set FEDUR_SHARED_DIR")
-    data_root = extract(archive, args.workdir / "cifar10-jpg")
+    if not tiny.is_dir() or not (args.data_root or archive).exists():
+        sys.exit(f"needs {tiny} and {args.data_root or archive}: pass --shared-dir (or set FEDUR_SHARED_DIR) or --data-root")
+    data_root = args.data_root or extract(archive, args.workdir / "cifar10-jpg")
     results = {
         (name, int(seed)): run_variant(name, int(seed), args, data_root, tiny)
         for seed in args.seeds.split(",")
@@ -122,7 +127,8 @@ def main() -> None:
     report = table(results, args)
     (args.workdir / args.report).write_text(report)
     print(report)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,7 +19,14 @@ all blocks but the last), on random images already on the device:
             local epoch, a refresh every round), per-round `round_seconds` and `phase_seconds` from
             <run>/metrics.jsonl, against the compute floor: the images each phase puts through the towers
             (partition.json, the selected counts) x the per-image cost at full batch, measured by the same
-            invocation just before the runs (so under the same load)
+            invocation just before the runs (so under the same load). Each configuration runs twice, back to
+            back, with `--evaluation.global_model true` and `false` (--round-global): the evaluate phase of
+            both and their ratio. And each run's time before round 1 as summary.json's `startup_seconds` splits
+            it (imports, setup, zero_shot, other, total; null in the JSON, "not recorded" in the Markdown, where
+            the fedur that ran does not write it)
+
+What a client trains is the method's: FedUR's pieces (a deep visual prompt, a text context, their declared
+initial values) and its hooks for the text side and the logits, as the round loop uses them.
 
 The matmul rate is measured on the spot: fp32 2048^3 on CPU, bf16 8192^3 on CUDA. FLOPs come from
 torch.utils.flop_counter.FlopCounterMode (matmuls, convolutions, attention). Peak memory: the process's
@@ -27,11 +34,12 @@ peak RSS (VmHWM, reset through /proc/self/clear_refs) on CPU, torch.cuda.max_mem
 Timed calls alternate between the settings compared so that load from other jobs falls on both; every
 figure is a median. Precision: fp32 on CPU, bf16 autocast on CUDA (as fedur's `fabric.precision auto`).
 
-    python benchmarks/round_cost.py --quick                                    # CPU smoke, < 2 min
+    python benchmarks/round_cost.py --quick                                    # CPU, small, < 2 min
+    python benchmarks/round_cost.py --smoke --parts text,train,eval,bytes      # does it run: seconds, no measurement
     python benchmarks/round_cost.py --models fedur-tiny,fedur-demo             # every part, a few minutes
     python benchmarks/round_cost.py --device cuda                              # see benchmarks/gpu_round_cost.sh
 
-Results go to <out>/<device>[-quick].json and .md (default out: benchmarks/results/round_cost/). With
+Results go to <out>/<device>[-quick|-smoke].json and .md (default out: benchmarks/results/round_cost/). With
 --merge, an invocation adds to the JSON already there (parts measured in several shorter runs); the
 Markdown lists every contributing command line.
 """
@@ -63,6 +71,9 @@ from torch.utils.flop_counter import FlopCounterMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fedur.methods import FedUR  # noqa: E402
+from fedur.methods.base import shared_names  # noqa: E402
+from fedur.methods.pieces import initial_values  # noqa: E402
 from fedur.metrics import round_numbers  # noqa: E402
 from fedur.model.classifier import PromptedCLIP  # noqa: E402
 from fedur.model.clip import encode_text_embeddings, load_clip  # noqa: E402
@@ -80,7 +91,12 @@ CIFAR100 = (
 MODIFIERS = ["red", "dark green", "light blue", "striped", "tiny", "old rusty", "black and white", "golden", "wild",
              "snow covered"]
 STEP_OPTIONS = ("off", "on")  # shared-prefix text tower
-PHASES = ("refresh", "train", "aggregate", "evaluate", "checkpoint")  # metrics.jsonl phase_seconds
+# What a client trains is the method's (PromptedCLIP holds no client's pieces): the run's default method, FedUR, whose
+# hooks form the text side and the logits here as the round loop does (a deep visual prompt, a text context).
+METHOD = FedUR()
+PHASES = ("refresh", "train", "aggregate", "evaluate")  # metrics.jsonl phase_seconds (the checkpoint's save is after them)
+STARTUP = ("imports", "setup", "zero_shot", "other", "total")  # summary.json startup_seconds: the time before round 1
+GLOBAL_OFF = "|global-off"  # the key suffix of a whole-round run with --evaluation.global_model false
 
 
 def class_names(n: int) -> list[str]:
@@ -170,13 +186,15 @@ def count_flops(fn: Callable[[], None]) -> int:
     return int(counter.get_total_flops())
 
 
-def matmul_rate(device: torch.device, quick: bool) -> dict:
-    """The machine's matmul rate: best of several fp32 2048^3 (CPU) or bf16 8192^3 (CUDA) products."""
+def matmul_rate(device: torch.device, quick: bool, smoke: bool = False) -> dict:
+    """The machine's matmul rate: best of several fp32 2048^3 (CPU) or bf16 8192^3 (CUDA) products (--smoke: one
+    256^3, a figure that only shows the code ran)."""
     n, dtype = (2048, torch.float32) if device.type != "cuda" else (8192, torch.bfloat16)
+    n = 256 if smoke else n
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     best = float("inf")
-    for _ in range(2 if quick else (5 if device.type != "cuda" else 20)):
+    for _ in range(1 if smoke else 2 if quick else (5 if device.type != "cuda" else 20)):
         sync(device)
         start = time.perf_counter()
         a @ b
@@ -245,6 +263,12 @@ class Bench:
         model = PromptedCLIP(clip, class_names(n_classes), self.args.n_ctx, self.args.visual_tokens, None, 0.02, seed=1)
         return model.to(self.device)
 
+    def pieces(self, model: PromptedCLIP) -> dict[str, torch.Tensor]:
+        """A client's pieces as the method declares them (their initial values, run.seed 1), on the device and
+        trained: leaves that require grad, as local training makes them."""
+        values = initial_values(METHOD.pieces(), model, run_seed=1)
+        return {name: value.to(self.device).requires_grad_() for name, value in values.items()}
+
     def images(self, model: PromptedCLIP, batch: int) -> torch.Tensor:
         size = model.clip.visual.image_size
         size = size[0] if isinstance(size, (tuple, list)) else size
@@ -253,15 +277,16 @@ class Bench:
     # -- text tower per optimizer step
     def text(self, name: str, n_classes: int) -> dict:
         args, model = self.args, self.model(name, n_classes)
+        ctx = self.pieces(model)["text_ctx"]  # (n_ctx, width), trained
         tokens = model.text_prompt.tokens
-        n_shared = 1 + model.text_prompt.ctx.shape[0]
+        n_shared = 1 + ctx.shape[0]
         weights = torch.randn(n_classes, model.clip.text_projection.shape[1], device=self.device)
 
         def step(shared: bool) -> Callable[[], None]:
             def run() -> None:
-                model.text_prompt.ctx.grad = None
+                ctx.grad = None
                 with self.autocast():
-                    embeddings = model.text_prompt()
+                    embeddings = model.text_prompt(ctx)  # (C, L, width)
                     if shared:
                         features = encode_text_shared_prefix(model.clip, embeddings, tokens, n_shared)
                     else:
@@ -291,6 +316,7 @@ class Bench:
     def train(self, name: str, n_classes: int) -> dict:
         args, model = self.args, self.model(name, n_classes)
         model.train()
+        pieces = self.pieces(model)
         has_switch = hasattr(model, "shared_prefix_text")
         labels = torch.randint(0, n_classes, (args.train_batch,), generator=torch.Generator().manual_seed(0))
 
@@ -298,12 +324,12 @@ class Bench:
             def run() -> None:
                 if has_switch:
                     model.shared_prefix_text = shared
-                model.zero_grad(set_to_none=True)
+                for piece in pieces.values():
+                    piece.grad = None
                 with self.autocast():
-                    if fixed_text is not None:  # the image side alone (its FLOPs)
-                        logits = model.logits(model.image_features(images), fixed_text)
-                    else:
-                        logits = model(images)
+                    # fixed_text: the image side alone (its FLOPs)
+                    text = METHOD.text_side(model, pieces) if fixed_text is None else fixed_text
+                    logits = prompted_logits(model, images, pieces, text)
                     loss = F.cross_entropy(logits.float(), labels.to(logits.device))
                 loss.backward()
 
@@ -311,7 +337,7 @@ class Bench:
 
         small, small_labels = self.images(model, 2), labels[:2]
         with torch.no_grad(), self.autocast():
-            fixed_text = model.text_features()
+            fixed_text = METHOD.text_side(model, pieces)
         image_flops_per_image = count_flops(step(True, small, small_labels, fixed_text)) / 2  # + warm-up
         text_flops = {}
         for key in STEP_OPTIONS if has_switch else ("off",):
@@ -335,15 +361,16 @@ class Bench:
     def eval(self, name: str, n_classes: int) -> dict:
         args, model = self.args, self.model(name, n_classes)
         model.eval()
+        pieces = self.pieces(model)
         with torch.no_grad(), self.autocast():
-            text = model.text_features()  # once per pass
+            text = METHOD.text_side(model, pieces)  # once per pass
 
         def forward(images: torch.Tensor, count: bool = False) -> Callable[[], None]:
             # Counting runs with autograd on (the prompts require grad): without it nn.MultiheadAttention takes
             # its fused fast path, whose projections FlopCounterMode does not see. Same math, same FLOPs.
             def run() -> None:
                 with (torch.enable_grad() if count else torch.no_grad()), self.autocast():
-                    model.logits(model.image_features(images), text)
+                    prompted_logits(model, images, pieces, text)
 
             return run
 
@@ -357,23 +384,26 @@ class Bench:
     def floor_costs(self, name: str, n_classes: int, shared: bool) -> dict:
         """Seconds per image at full batch, measured now (in the invocation that runs the rounds, under the
         same load): a training step with the given text-tower setting, the prompted eval forward, and the
-        plain (zero-shot CLIP) image forward that round 0's refresh and the zero-shot evaluation use."""
+        plain (zero-shot CLIP) image forward that round 1's refresh and the zero-shot evaluation use."""
         key = (name, n_classes, shared)
         if key in self._floor_costs:
             return self._floor_costs[key]
         args, model = self.args, self.model(name, n_classes)
+        pieces = self.pieces(model)
         has_switch = hasattr(model, "shared_prefix_text")
         if has_switch:
             model.shared_prefix_text = shared
         labels = torch.randint(0, n_classes, (args.train_batch,), generator=torch.Generator().manual_seed(0))
         with torch.no_grad(), self.autocast():
-            text = model.text_features()
+            text = METHOD.text_side(model, pieces)
 
         def train(images: torch.Tensor) -> Callable[[], None]:
             def run() -> None:
-                model.zero_grad(set_to_none=True)
+                for piece in pieces.values():
+                    piece.grad = None
                 with self.autocast():
-                    loss = F.cross_entropy(model(images).float(), labels[: len(images)].to(self.device))
+                    logits = prompted_logits(model, images, pieces, METHOD.text_side(model, pieces))
+                    loss = F.cross_entropy(logits.float(), labels[: len(images)].to(self.device))
                 loss.backward()
 
             return run
@@ -381,7 +411,10 @@ class Bench:
         def forward(images: torch.Tensor, prompted: bool) -> Callable[[], None]:
             def run() -> None:
                 with torch.no_grad(), self.autocast():
-                    model.logits(model.image_features(images, prompted=prompted), text)
+                    if prompted:
+                        prompted_logits(model, images, pieces, text)
+                    else:  # zero-shot CLIP: plain image features
+                        model.logits(model.image_features(images, prompted=False), text)
 
             return run
 
@@ -401,19 +434,30 @@ class Bench:
         return costs
 
     def bytes_sent(self, name: str, n_classes: int) -> dict:
+        """One client's upload as fedur/train/server.py counts it: the method's shared pieces and messages, plus
+        in a refresh round the class histograms (fedur/train/round.py: two of C int64 for cooperative selection)."""
         model = self.model(name, n_classes)
-        prompt = model.visual_prompt.numel() * 4
+        start = initial_values(METHOD.pieces(), model, run_seed=1)
+        sent = {**{n: start[n] for n in shared_names(METHOD)}, **METHOD.messages(model, start)}
+        prompt = sum(t.numel() * t.element_size() for t in sent.values())
         return {"visual_prompt": prompt, "histograms": 2 * n_classes * 8, "refresh_round": prompt + 2 * n_classes * 8,
                 "other_round": prompt}
+
+
+def prompted_logits(model: PromptedCLIP, images: torch.Tensor, pieces: dict[str, torch.Tensor], text) -> torch.Tensor:
+    """(B, C) logits of a client's model: the method's hook (FedUR's reads nothing of the client but its pieces)."""
+    return METHOD.logits(model, images, pieces, text, client=None)
 
 
 # ---------------------------------------------------------------- whole rounds
 
 
 def run_round(bench: Bench, name: str, train_images: int, shared: bool, results: dict, ranks: int = 1,
-              clients_per_step: int = 1) -> dict:
+              clients_per_step: int = 1, global_model: bool = True) -> dict:
     """One `python -m fedur.main` run on generated shapes (under `fabric run --devices ranks` for several ranks);
-    its rounds against their compute floor."""
+    its rounds against their compute floor, and its time before round 1 (summary.json's startup_seconds: None
+    where the fedur that ran does not record it). `global_model`: evaluation.global_model, the server's model
+    tested every round on the clients' test union."""
     args = bench.args
     classes = 10
     per_class = max(1, train_images // classes)
@@ -439,6 +483,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         "--fabric.accelerator", bench.device.type, "--fabric.devices", str(ranks),
         "--fabric.precision", "bf16-mixed" if bench.bf16 else "32-true",
         "--run.output_dir", str(run_dir), "--run.progress", "false", "--run.clients_per_step", str(clients_per_step),
+        "--evaluation.global_model", str(global_model).lower(),
     ]
     if bench.device.type != "cuda":
         cmd += ["--run.threads", str(torch.get_num_threads())]
@@ -456,6 +501,8 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     partition = json.loads((run_dir / "partition.json").read_text())
     n_train, n_test = sum(partition["train_sizes"]), sum(partition["test_sizes"])
+    summary_path = run_dir / "summary.json"
+    startup = json.loads(summary_path.read_text()).get("startup_seconds") if summary_path.is_file() else None
 
     costs = run["per_image_cost"]
     train_cost, eval_cost, plain_cost = costs["train"], costs["eval"], costs["eval_plain"]
@@ -478,7 +525,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
     return {
         "command": shown, "model": name, "classes": classes, "clients": args.round_clients, "train_images": n_train,
         "test_images": n_test, "shared_prefix_text": shared, "ranks": ranks, "clients_per_step": clients_per_step,
-        "process_wall_seconds": wall, "rounds": rounds,
+        "global_model": global_model, "process_wall_seconds": wall, "rounds": rounds, "startup_seconds": startup,
         "per_image_cost": costs,
     }
 
@@ -623,30 +670,33 @@ def markdown(results: dict) -> str:
             "`python -m fedur.main` (command below; 10 generated-shape classes, 1 local epoch, a pseudo-label "
             "refresh every round). Floor = images through the towers x the per-image cost at full batch, measured "
             "by the same invocation just before the runs (10 classes, the run's text-tower setting): refresh: every "
-            "train image (round 0: zero-shot CLIP's plain image forward; later rounds: the prompted eval forward); "
+            "train image (round 1: zero-shot CLIP's plain image forward; later rounds: the prompted eval forward); "
             f"train: the selected images x 1 epoch, training step at batch {results['machine']['train_batch']}; "
-            f"evaluate: every test image, prompted eval forward at batch {results['machine']['eval_batch']}. "
+            f"evaluate: every test image, prompted eval forward at batch {results['machine']['eval_batch']} (the "
+            "personal protocol; with the global model on, its test of the server's model on the clients' test union "
+            "comes on top, not in the floor). "
             "Per phase: seconds measured / floor (on W ranks: the floor / W, each rank's share if balanced). Not in a round: process start, the image cache, the zero-shot "
-            "evaluation before round 0.",
+            "evaluation before round 1 (how long each took: 'Before round 1' below).",
             "",
             "| model | text shared | ms / image: training step | prompted eval forward | plain image forward |",
             "| --- | --- | --- | --- | --- |",
         ]
         for key in sorted(runs):
             c = runs[key].get("per_image_cost")
-            if c and runs[key].get("ranks", 1) == 1 and runs[key].get("clients_per_step", 1) == 1:
+            if (c and runs[key].get("ranks", 1) == 1 and runs[key].get("clients_per_step", 1) == 1
+                    and not key.endswith(GLOBAL_OFF)):  # the global-off twin measured the same costs
                 lines.append(f"| {key.split('|')[0]} | {c['train_setting']} | {c['train'] * 1e3:,.3f} | "
                              f"{c['eval'] * 1e3:,.3f} | {c.get('eval_plain', float('nan')) * 1e3:,.3f} |")
         lines += [
             "",
-            "| model | train / test images | clients | ranks W | clients per step | text shared | round | round s | floor s / W | "
-            "floor / W / round | " + " | ".join(PHASES) + " | bytes sent (all clients) | process s |",
-            "| --- " * (12 + len(PHASES)) + "|",
+            "| model | train / test images | clients | ranks W | clients per step | text shared | global model | round | round s | "
+            "floor s / W | floor / W / round | " + " | ".join(PHASES) + " | bytes sent (all clients) | process s |",
+            "| --- " * (13 + len(PHASES)) + "|",
         ]
         for key in sorted(runs):
             r = runs[key]
             if "error" in r:
-                lines.append(f"| {key} | failed: see the JSON |" + " |" * (10 + len(PHASES)))
+                lines.append(f"| {key} | failed: see the JSON |" + " |" * (11 + len(PHASES)))
                 continue
             w = r.get("ranks", 1)  # W ranks share the floor's work: each rank's share of it, if balanced
             for row in r["rounds"]:
@@ -659,10 +709,13 @@ def markdown(results: dict) -> str:
                 lines.append(
                     f"| {r['model']} | {r['train_images']} / {r['test_images']} | {r['clients']} | {r.get('ranks', 1)} | "
                     f"{r.get('clients_per_step', 1)} | "
-                    f"{'on' if r['shared_prefix_text'] else 'off'} | {row['round']} | {row['round_seconds']:.2f} | "
+                    f"{'on' if r['shared_prefix_text'] else 'off'} | {'on' if r.get('global_model', True) else 'off'} | "
+                    f"{row['round']} | {row['round_seconds']:.2f} | "
                     f"{row['floor_seconds'] / w:.2f} | {100 * row['floor_seconds'] / w / row['round_seconds']:.1f}% | "
                     + " | ".join(cells) + f" | {sent:,} | {r['process_wall_seconds']:.0f} |"
                 )
+        lines += global_table(results.get("global_evaluation") or global_evaluation(runs))
+        lines += startup_table(runs)
         lines += placement_table(runs, results.get("concurrent_matmul"))
         lines += together_table(runs)
         lines += ["", "Commands:", ""]
@@ -672,12 +725,78 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def global_evaluation(runs: dict) -> dict[str, list[dict]]:
+    """{key of a run with the global model on: per round, its evaluate phase and its global-off twin's (s), and
+    their ratio}: what testing the server's model on the clients' test union adds to a round's evaluation."""
+    out = {}
+    for key, on in runs.items():
+        off = runs.get(key + GLOBAL_OFF)
+        if key.endswith(GLOBAL_OFF) or off is None or "error" in on or "error" in off:
+            continue
+        rows = []
+        for a, b in zip(on["rounds"], off["rounds"]):
+            e_on, e_off = ((r.get("phase_seconds") or {}).get("evaluate") for r in (a, b))
+            ratio = e_on / e_off if e_on is not None and e_off else None
+            rows.append({"round": a["round"], "evaluate_on": e_on, "evaluate_off": e_off, "on_over_off": ratio})
+        out[key] = rows
+    return out
+
+
+def global_table(pairs: dict[str, list[dict]]) -> list[str]:
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "### Evaluation with the global protocol on and off",
+        "",
+        "Each configuration run twice, back to back (the order flipped from one configuration to the next): "
+        "`--evaluation.global_model true` (fedur's default: the server's model also tested every round on the "
+        "union of the clients' test sets) and `false` (each client's own test set only). The evaluate phase of "
+        "each (metrics.jsonl's phase_seconds) and their ratio.",
+        "",
+        "| run | round | evaluate s, global on | evaluate s, global off | on / off |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key in sorted(pairs):
+        for row in pairs[key]:
+            cells = [("" if v is None else f"{v:.3f}") for v in (row["evaluate_on"], row["evaluate_off"])]
+            ratio = "" if row["on_over_off"] is None else f"x{row['on_over_off']:.2f}"
+            lines.append(f"| {key} | {row['round']} | {cells[0]} | {cells[1]} | {ratio} |")
+    return lines
+
+
+def startup_table(runs: dict) -> list[str]:
+    """Each run's time before round 1, as fedur splits it in summary.json's startup_seconds."""
+    done = {key: r for key, r in runs.items() if "error" not in r}
+    if not done:
+        return []
+    lines = [
+        "",
+        "### Before round 1",
+        "",
+        "summary.json's `startup_seconds`: the process's imports, the run's setup, the zero-shot evaluation, the "
+        "rest, and their total (\"not recorded\": the fedur that ran does not write it). Process s: the whole "
+        "process, as this script timed it.",
+        "",
+        "| run | " + " | ".join(STARTUP) + " | process s |",
+        "| --- " * (len(STARTUP) + 2) + "|",
+    ]
+    for key in sorted(done):
+        startup = done[key].get("startup_seconds")
+        if isinstance(startup, dict):
+            cells = " | ".join("" if startup.get(k) is None else f"{startup[k]:.2f}" for k in STARTUP)
+        else:
+            cells = " | ".join(["not recorded"] + [""] * (len(STARTUP) - 1))
+        lines.append(f"| {key} | {cells} | {done[key]['process_wall_seconds']:.1f} |")
+    return lines
+
+
 def together_table(runs: dict) -> list[str]:
     """The same run with its clients trained one after another and several per step (run.clients_per_step)."""
     lines = []
     for key in sorted(runs):
         r = runs[key]
-        if r.get("clients_per_step", 1) == 1 or "error" in r:
+        if r.get("clients_per_step", 1) == 1 or "error" in r or key.endswith(GLOBAL_OFF):
             continue
         base = runs.get(key.replace(f"|together{r['clients_per_step']}", "|together1"))  # the same invocation's
         if base is None or "error" in base:
@@ -713,7 +832,7 @@ def placement_table(runs: dict, concurrent: dict | None = None) -> list[str]:
     lines = []
     for key in sorted(runs):
         r = runs[key]
-        if r.get("ranks", 1) == 1 or r.get("clients_per_step", 1) > 1 or "error" in r:
+        if r.get("ranks", 1) == 1 or r.get("clients_per_step", 1) > 1 or "error" in r or key.endswith(GLOBAL_OFF):
             continue
         base = runs.get(key.replace(f"|ranks{r['ranks']}", "|ranks1"))  # measured by the same invocation
         if base is None or "error" in base:
@@ -768,6 +887,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--round-clients-per-step", default="1",
                         help="run.clients_per_step of the whole-round runs (list; on 1 rank)")
     parser.add_argument("--round-rounds", type=int, default=2)
+    parser.add_argument("--round-global", default="on,off",
+                        help="evaluation.global_model of the whole-round runs (list): each configuration runs once per value")
     parser.add_argument("--n-ctx", type=int, default=16)
     parser.add_argument("--visual-tokens", type=int, default=5)
     parser.add_argument("--train-batch", type=int, default=64)
@@ -778,20 +899,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "with other jobs, multi-threaded small ops wait for descheduled threads)")
     parser.add_argument("--min-seconds", type=float, default=None, help="time each setting at least this long")
     parser.add_argument("--max-reps", type=int, default=20)
-    parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny models, short timings, a small run")
+    parser.add_argument("--quick", action="store_true", help="CPU: tiny models, short timings, a small run")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest of everything (fedur-tiny, 10 classes, batches of 4, one timed call, a run of "
+                             "2 clients on 40 images): that every part runs, in seconds; not a measurement")
     parser.add_argument("--merge", action="store_true", help="add to the results JSON already in --out")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "round_cost"))
     args = parser.parse_args(argv)
-    if args.quick:
-        args.models = args.models if "--models" in (argv or sys.argv) else "fedur-tiny,fedur-demo"
-        args.classes = args.classes if "--classes" in (argv or sys.argv) else "10,100"
+    given = set(sys.argv[1:] if argv is None else argv)
+    if args.smoke:  # what is given explicitly wins
+        defaults = {"models": "fedur-tiny", "classes": "10", "round_models": "fedur-tiny", "round_images": "40",
+                    "round_clients": 2, "round_rounds": 1, "train_batch": 4, "eval_batch": 4, "min_seconds": 0.0,
+                    "max_reps": 1}
+        for key, value in defaults.items():
+            if "--" + key.replace("_", "-") not in given:
+                setattr(args, key, value)
+    elif args.quick:
+        args.models = args.models if "--models" in given else "fedur-tiny,fedur-demo"
+        args.classes = args.classes if "--classes" in given else "10,100"
         args.round_models = args.round_models or "fedur-tiny"
-        if "--round-images" not in (argv or sys.argv):
+        if "--round-images" not in given:
             args.round_images = "100"
-        args.round_clients = min(args.round_clients, 4)
-        args.round_rounds = 1
+        if "--round-clients" not in given:
+            args.round_clients = min(args.round_clients, 4)
+        if "--round-rounds" not in given:
+            args.round_rounds = 1
     if args.min_seconds is None:
         args.min_seconds = 0.3 if args.quick else 2.0
+    unknown = set(args.round_global.split(",")) - {"on", "off"}
+    if unknown:
+        parser.error(f"--round-global takes on and/or off, not {', '.join(sorted(unknown))}")
     if args.threads is None and not args.device.startswith("cuda"):
         args.threads = 1
     if args.num_workers is None:
@@ -809,7 +946,7 @@ def main(argv: list[str] | None = None) -> int:
     device = bench.device
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = device.type + ("-quick" if args.quick else "")
+    stem = device.type + ("-smoke" if args.smoke else "-quick" if args.quick else "")
     json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     results = json.loads(json_path.read_text()) if args.merge and json_path.exists() else {}
     device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -820,7 +957,8 @@ def main(argv: list[str] | None = None) -> int:
         "n_ctx": args.n_ctx, "visual_tokens": args.visual_tokens, "train_batch": args.train_batch,
         "eval_batch": args.eval_batch, "memory_kind": bench.memory.kind,
     }
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO), *(argv or sys.argv[1:])])
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO),
+                                                             *(sys.argv[1:] if argv is None else argv)])
     invocation = {"command": command, "date": datetime.date.today().isoformat(),
                   "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg())}
     results.setdefault("invocations", []).append(invocation)
@@ -833,7 +971,7 @@ def main(argv: list[str] | None = None) -> int:
         json_path.write_text(json.dumps(results, indent=1))
         md_path.write_text(markdown(results))
 
-    results["matmul"] = matmul_rate(device, args.quick)
+    results["matmul"] = matmul_rate(device, args.quick, args.smoke)
     invocation["matmul_flops_per_s"] = results["matmul"]["flops_per_s"]
     print(f"matmul rate: {results['matmul']['flops_per_s'] / 1e9:,.1f} GFLOP/s", flush=True)
     parts = args.parts.split(",")
@@ -873,6 +1011,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault("concurrent_matmul", {})[str(w)] = c
                 print(f"{w} concurrent matmul processes: x{c['ceiling']:.2f} of one alone", flush=True)
     if "round" in parts:
+        global_settings = [{"on": True, "off": False}[g] for g in args.round_global.split(",")]
+        pair_index = 0
         for name in (args.round_models or args.models).split(","):
             for n_images in (int(n) for n in args.round_images.split(",")):
                 for setting in args.round_shared.split(","):
@@ -886,22 +1026,29 @@ def main(argv: list[str] | None = None) -> int:
                         w, g = ranks_list[0], groups[0]
                         variants = [(w, g, (f"|ranks{w}" if w > 1 else "") + (f"|together{g}" if g > 1 else ""))]
                     for ranks, group, suffix in variants:
-                        tick = time.perf_counter()
-                        try:
-                            run = run_round(bench, name, n_images, setting == "on", results, ranks, group)
-                        except Exception as err:  # e.g. the floor's timing, or a run that wrote no metrics
-                            run = {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}"}
-                        key = f"{name}|{n_images}|{setting}{suffix}"
-                        results.setdefault("round", {})[key] = run
-                        label = f"round {name} {n_images} images text {setting} ranks {ranks} clients per step {group}"
-                        if "error" in run:
-                            failures.append(f"{label}: {run['error'].strip().splitlines()[-1] if run['error'].strip() else 'failed'}")
-                            print(f"{label}: FAILED\n{run['error']}", flush=True)
-                        else:
-                            secs = [r["round_seconds"] for r in run["rounds"]]
-                            floors = [r["floor_seconds"] for r in run["rounds"]]
-                            print(f"{label}: round s {secs}, floor s {[round(f, 3) for f in floors]} "
-                                  f"({time.perf_counter() - tick:.0f} s)", flush=True)
+                        # The global protocol on and off back to back, the order flipped from one configuration to
+                        # the next (on, off, off, on, ...), so that a drift in the machine's load falls on both.
+                        order = global_settings if pair_index % 2 == 0 else global_settings[::-1]
+                        pair_index += 1
+                        for global_model in order:
+                            tick = time.perf_counter()
+                            try:
+                                run = run_round(bench, name, n_images, setting == "on", results, ranks, group, global_model)
+                            except Exception as err:  # e.g. the floor's timing, or a run that wrote no metrics
+                                run = {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}"}
+                            key = f"{name}|{n_images}|{setting}{suffix}" + ("" if global_model else GLOBAL_OFF)
+                            results.setdefault("round", {})[key] = run
+                            label = (f"round {name} {n_images} images text {setting} ranks {ranks} clients per step {group} "
+                                     f"global model {'on' if global_model else 'off'}")
+                            if "error" in run:
+                                failures.append(f"{label}: {run['error'].strip().splitlines()[-1] if run['error'].strip() else 'failed'}")
+                                print(f"{label}: FAILED\n{run['error']}", flush=True)
+                            else:
+                                secs = [r["round_seconds"] for r in run["rounds"]]
+                                floors = [r["floor_seconds"] for r in run["rounds"]]
+                                print(f"{label}: round s {secs}, floor s {[round(f, 3) for f in floors]} "
+                                      f"({time.perf_counter() - tick:.0f} s)", flush=True)
+                        results["global_evaluation"] = global_evaluation(results.get("round", {}))
                         save()
     save()
     print(f"wrote {json_path} and {md_path}")

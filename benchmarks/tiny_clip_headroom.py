@@ -6,22 +6,26 @@ probe that barely beats zero-shot means the features, not the text side, limit e
 that shares one image representation across clients (see learning_check.py).
 
     python benchmarks/tiny_clip_headroom.py            # ~1 min on 2 CPU cores
+
+`--data-root DIR` reads an extracted CIFAR-10 folder (any subset of it) instead of extracting the archive;
+`--out FILE` also writes the figures as Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from learning_check import extract  # benchmarks/ is on sys.path when run as a script
-
-from fedur.data.datasets import DataOptions, ImageFolder, prepare_dataset
-from fedur.model.clip import load_clip, zero_shot_weights
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.learning_check import extract  # noqa: E402
+from fedur.data.datasets import DataOptions, ImageFolder, prepare_dataset  # noqa: E402
+from fedur.model.clip import load_clip, zero_shot_weights  # noqa: E402
 
 
 def features(clip, split) -> torch.Tensor:
@@ -30,17 +34,20 @@ def features(clip, split) -> torch.Tensor:
         return F.normalize(clip.model.encode_image(images), dim=-1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shared-dir", type=Path, default=Path(os.environ.get("FEDUR_SHARED_DIR", REPO.parent / "shared")))
+    parser.add_argument("--data-root", type=Path, help="an extracted CIFAR-10 folder (default: the shared archive, "
+                                                        "extracted into --workdir)")
     parser.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "learning_check")
     parser.add_argument("--train-fraction", type=float, default=0.2)
     parser.add_argument("--test-fraction", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help="also write the figures here (Markdown)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    root = extract(args.shared_dir / "data" / "cifar10-jpg.tar.gz", args.workdir / "cifar10-jpg")
+    root = args.data_root or extract(args.shared_dir / "data" / "cifar10-jpg.tar.gz", args.workdir / "cifar10-jpg")
     tiny = args.shared_dir / "assets" / "tiny-clip"
     clip = load_clip("tinyclip-teacher-a", str(tiny / "tinyclip-teacher-a.pt"), str(tiny / "tinyclip-teacher-a.json"))
     data = prepare_dataset(ImageFolder(str(root)), DataOptions(train_fraction=args.train_fraction,
@@ -65,10 +72,20 @@ def main() -> None:
     with torch.no_grad():
         probe_test = float(((test_x @ weight * 10 + bias).argmax(dim=1) == test_y).float().mean())
         probe_train = float(((train_x @ weight * 10 + bias).argmax(dim=1) == train_y).float().mean())
-    print(f"CIFAR-10 subset: {len(train_y)} train / {len(test_y)} test images, tiny-clip image features")
-    print(f"zero-shot CLIP test accuracy:          {100 * zero_shot:.2f}%")
-    print(f"linear probe (true labels) test:       {100 * probe_test:.2f}%   (train {100 * probe_train:.2f}%)")
+    lines = [f"CIFAR-10 subset: {len(train_y)} train / {len(test_y)} test images, tiny-clip image features",
+             f"zero-shot CLIP test accuracy:          {100 * zero_shot:.2f}%",
+             f"linear probe (true labels) test:       {100 * probe_test:.2f}%   (train {100 * probe_train:.2f}%)"]
+    print("\n".join(lines))
+    if args.out:
+        command = "python benchmarks/tiny_clip_headroom.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(["# tiny-clip: a linear probe against zero-shot", "", f"`{command.strip()}`", "",
+                                        "| | test accuracy | train accuracy |", "| --- | --- | --- |",
+                                        f"| zero-shot CLIP | {100 * zero_shot:.2f}% | |",
+                                        f"| linear probe (true labels) | {100 * probe_test:.2f}% | {100 * probe_train:.2f}% |",
+                                        "", f"{len(train_y)} train / {len(test_y)} test images.", ""]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

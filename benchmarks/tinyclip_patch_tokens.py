@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
 import torch
@@ -26,13 +27,13 @@ NAME = "tinyclip-teacher-a"
 OUT = Path(__file__).resolve().parent / "results" / "tinyclip_patch_tokens.json"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-root", required=True, help="CIFAR-10 JPEG folder with test/<class>/ inside")
     parser.add_argument("--model-dir", required=True, help="the tiny-clip folder")
     parser.add_argument("--images", type=int, default=2000, help="test images, drawn at random with seed 0")
     parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     d = Path(args.model_dir)
@@ -82,7 +83,8 @@ def main() -> None:
         "not aligned with text: FedOTP, which classifies from them, starts at about half the class token's accuracy.\n"
     )
     print(json.dumps(result, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
