@@ -21,6 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 MAX_TICKS = 50  # more labels than this on an axis are thinned to every n-th
 MAX_ANNOTATED_CELLS = 400  # counts are written into the cells of matrices up to this size
+CHAR_INCH = 0.065  # the width of a character of a tick label (fontsize 8), for the margins
 
 
 def heatmap(
@@ -41,9 +42,14 @@ def heatmap(
         colorbar_label = "share of the row"
     else:
         shade = matrix
-    width = min(max(4.0, 0.32 * cols + 2.5), 20.0)
-    height = min(max(2.5, 0.32 * rows + 2.0), 20.0)
-    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
+    # The margins from the labels' lengths (fontsize 8: about 0.065 inch a character), not measured from the drawn
+    # text: a figure draws once, where a layout engine would draw its text again to measure it.
+    left = 0.25 + CHAR_INCH * max((len(label) for label in row_labels), default=1)
+    bottom = 0.25 + CHAR_INCH * max((len(label) for label in col_labels), default=1)
+    width = min(max(4.0, 0.32 * cols + 1.5 + left), 20.0)
+    height = min(max(2.5, 0.32 * rows + 0.8 + bottom), 20.0)
+    fig, ax = plt.subplots(figsize=(width, height))
+    fig.subplots_adjust(left=left / width, right=1 - 1.1 / width, bottom=bottom / height, top=1 - 0.4 / height)
     image = ax.imshow(shade, cmap="viridis", aspect="auto", interpolation="nearest", vmin=0)
     fig.colorbar(image, ax=ax, label=colorbar_label, fraction=0.04, pad=0.02)
     _ticks(ax.set_yticks, row_labels, rows, rotation=0)

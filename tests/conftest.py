@@ -105,11 +105,22 @@ def scalar_curve(log_dir: Path, tag: str, digits: int | None = None) -> list[tup
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory) -> Path:
     """Every case of tests/shared_runs.py (each of fedur's methods, and one mechanism each) on 1 rank, run once for
-    the session in one process: what several test files compare their own runs with."""
+    the session in one process: what several test files compare their own runs with. Under pytest-xdist the
+    workers share them: the first to ask runs them, the others wait for its folder."""
+    from filelock import FileLock
+
     from .shared_runs import every_case, run_all
 
-    root = tmp_path_factory.mktemp("shared")
-    run_all(every_case(), root)
+    session = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # one id for every worker of a run
+    if session is None:
+        root = tmp_path_factory.mktemp("shared")
+        run_all(every_case(), root)
+        return root
+    root = tmp_path_factory.getbasetemp().parent / f"shared-{session}"
+    with FileLock(f"{root}.lock"):
+        if not (root / "finished").is_file():
+            run_all(every_case(), root)
+            (root / "finished").touch()
     return root
 
 
