@@ -241,6 +241,11 @@ class RunConfig:
     """Also print the local training loss every n optimizer steps (0: only per round)."""
     progress: bool = True
     """Rank 0 shows progress bars with the time left (rounds, clients, epochs, pseudo-labelling)."""
+    figures: bool = True
+    """Draw the heatmaps: the split per client and class (partition_train.png, partition_test.png), each refresh's
+    selected pseudo-labels and the final confusion matrix, as PNG files and TensorBoard images. false: the numbers
+    only (partition.json, metrics.jsonl, confusion.json), a few tenths of a second less per figure (sweeps of many
+    short runs)."""
 
 
 @dataclass
@@ -328,7 +333,7 @@ RESULT_NEUTRAL = {
     "model.cache_dir", "data.num_workers", "data.cache", "data.cache_dir",
     "federation.rounds", "optim.eval_batch_size", "evaluation.global_model", "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
-    "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "fabric.accelerator",
+    "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "run.figures", "fabric.accelerator",
     "fabric.devices", "fabric.num_nodes", "fabric.strategy",
 }
 

@@ -39,7 +39,9 @@ def check_data(cfg) -> None:
     print(dataset_report(load_data(cfg)))  # every dataset checks its layout first
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, parser=None) -> None:
+    """`fedur ARGS`: one run. `parser`: one from fedur.cli.build_parser() to reuse across many calls in one process
+    (tests/run_many.py), a third of a second each."""
     sys.stdout.reconfigure(line_buffering=True)  # progress lines reach log files as they happen
     env = LaunchEnv.read()
     stop_with_launcher()
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         from fedur.train import fit  # noqa: F401  (what a run imports, timed: summary.json's startup_seconds)
 
         startup.imported = time.time()
-        cfg, namespace = parse_args(argv)
+        cfg, namespace = parse_args(argv, parser)
         if namespace.check_data:
             return check_data(cfg)
         run(cfg, env, startup)

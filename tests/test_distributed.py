@@ -22,7 +22,7 @@ def runs(tmp_path_factory):
     tested on the demo, `tests/test_learning.py`, and with spare ranks below.)"""
     root = tmp_path_factory.mktemp("runs")
     fabric = str(Path(sys.executable).parent / "fabric")
-    common = ["--config", "configs/tiny.yaml", "--federation.rounds", ROUNDS]
+    common = ["--config", "configs/tiny.yaml", "--federation.rounds", ROUNDS, "--run.figures", "true"]  # its images too
     two = run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()),
                   "fedur/main.py", *common, "--run.output_dir", str(root / "two")])
     return {"two": root / "two", "stdout_two": two.stdout}

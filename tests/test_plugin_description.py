@@ -68,7 +68,7 @@ def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
 
 # What config.py's RESULT_NEUTRAL and run_dir.py's ADDED_SETTINGS listed by hand before the classes said it (and the
 # evaluation group's, added since with the evaluation protocols).
-OLD_RESULT_NEUTRAL = {"evaluation.global_model",
+OLD_RESULT_NEUTRAL = {"evaluation.global_model", "run.figures",
     "model.cache_dir", "dataset.root", "dataset.download", "data.num_workers", "data.cache", "data.cache_dir",
     "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",

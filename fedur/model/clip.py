@@ -53,7 +53,7 @@ def load_clip(
 
     With `pretrained=None` the weights are a random init drawn from torch's global RNG: seed it first.
     """
-    weights = check_model(name, pretrained, config_file, cache_dir)
+    weights = check_model(name, pretrained, config_file, cache_dir, weights=False)  # fedur.settle checked them
     try:
         with _quiet_if(weights is None):  # open_clip warns about the random init we asked for
             model, _, preprocess = open_clip.create_model_and_transforms(
@@ -83,9 +83,10 @@ def _quiet_if(quiet: bool):
         logging.disable(logging.NOTSET)
 
 
-def check_model(name: str, pretrained: str | None, config_file: str | None, cache_dir: str | None) -> str | None:
-    """Fail at once, before any compute, when the model or its weights cannot be had (a local weights
-    file is also read and checked against the architecture); return what open_clip should load as
+def check_model(name: str, pretrained: str | None, config_file: str | None, cache_dir: str | None,
+                weights: bool = True) -> str | None:
+    """Fail at once, before any compute, when the model or its weights cannot be had (with `weights`, a local
+    weights file is also read and checked against the architecture); return what open_clip should load as
     `pretrained`."""
     register_model_config(config_file)
     if name not in open_clip.list_models():
@@ -94,10 +95,10 @@ def check_model(name: str, pretrained: str | None, config_file: str | None, cach
             f"Unknown open_clip model {name!r}.{hint} Pick one of open_clip.list_models() (e.g. ViT-B-32, "
             "ViT-B-16), or point model.config_file at an open_clip model-config JSON named <model.name>.json."
         )
-    weights = resolve_pretrained(name, pretrained, cache_dir)
-    if weights is not None and Path(weights).is_file():
-        check_weights(name, weights)
-    return weights
+    resolved = resolve_pretrained(name, pretrained, cache_dir)
+    if weights and resolved is not None and Path(resolved).is_file():
+        check_weights(name, resolved)
+    return resolved
 
 
 def check_weights(name: str, path: str) -> None:
@@ -107,7 +108,7 @@ def check_weights(name: str, path: str) -> None:
     Position embeddings may differ: open_clip resizes them to the model's image and context size.
     """
     shapes = weight_shapes(path)
-    with _quiet_if(True):
+    with _quiet_if(True), torch.device("meta"):  # built on the meta device: no init of the weights (a second on CPU)
         skeleton = open_clip.create_model(name, pretrained=None, device="meta")
     expected = {key: tuple(t.shape) for key, t in skeleton.state_dict().items()}
     try:  # open_clip's own conversion of third-party layouts, on shape-only (meta) tensors

@@ -66,9 +66,10 @@ def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accu
 class Recorder:
     def __init__(
         self, run_dir: RunDir, enabled: bool, history: History | None = None, start_round: int = 0,
-        progress: Progress = QUIET,
+        progress: Progress = QUIET, figures: bool = True,
     ) -> None:
         self.run_dir, self.enabled, self.start_round, self.progress = run_dir, enabled, start_round, progress
+        self.figures = figures  # run.figures: draw the heatmaps (else the numbers only)
         history = history or History()
         self.first_round = history.first_round  # the number of the first round in this run's files
         self.rounds: list[dict] = list(history.rounds)
@@ -122,7 +123,7 @@ class Recorder:
         """A figure (`draw()` builds it: fedur.plots) to a PNG in the run directory and/or to TensorBoard's images, drawn
         once for both, when TensorBoard is open."""
         logs = tag is not None and self._logs(step)
-        if not logs and file is None:
+        if not self.figures or (not logs and file is None):
             return
 
         def write() -> None:

@@ -75,8 +75,9 @@ def test_resume_without_the_rounds_it_needs_says_so(tmp_path):
         RunDir(tmp_path / "elsewhere").history(1, cut=False)
 
 
-def test_run_files_and_tensorboard_tags(tmp_path, capsys):
-    recorder = Recorder(RunDir(tmp_path), enabled=True)
+@pytest.mark.parametrize("figures", [True, False], ids=["figures", "numbers only"])
+def test_run_files_and_tensorboard_tags(tmp_path, capsys, figures):
+    recorder = Recorder(RunDir(tmp_path), enabled=True, figures=figures)  # run.figures
     train_hist = class_histogram(np.array([0, 0, 2, 1, 1]), [np.array([0, 1, 2]), np.array([3, 4])], 3)
     test_hist = class_histogram(np.array([2, 0, 0]), [np.array([0]), np.array([1, 2])], 3)
     assert train_hist.tolist() == [[2, 0, 1], [0, 2, 0]] and test_hist.tolist() == [[0, 0, 1], [2, 0, 0]]
@@ -99,16 +100,17 @@ def test_run_files_and_tensorboard_tags(tmp_path, capsys):
     assert saved["matrix"] == [[2, 0, 0], [1, 1, 1], [0, 0, 3]] and saved["round"] == 1
     assert json.loads((tmp_path / "zero_shot.json").read_text())["zero_shot_client_accuracy"] == [10.0, 30.0]
     events = tensorboard_events(tmp_path / "tensorboard")
-    assert events["images"] == {"partition/train": [0], "partition/test": [0], "pseudo_labels/selection": [1],
-                                "confusion/final": [1]}
+    images = {"partition/train": [0], "partition/test": [0], "pseudo_labels/selection": [1], "confusion/final": [1]}
+    assert events["images"] == (images if figures else {})
     assert {"pseudo_labels/class_weight_000", "pseudo_labels/selected_total", "comm/bytes_cumulative",
             "loss/loss_neg_mean", "hparams/final_mean_accuracy"} <= set(events["scalars"])
     assert "config/text_summary" in events["text"] and "_hparams_/experiment" in events["hparams"]
     out = capsys.readouterr().out
     assert "rank 0 (node 0, local rank 0) hosts clients [0, 1]" in out
     assert "round   1/1  acc 30.00%" in out and "eta 0s" in out
+    pngs = {"partition_train.png", "partition_test.png"} if figures else set()
     assert {p.name for p in tmp_path.iterdir()} == {
-        "config.yaml", "placement.json", "partition.json", "partition_train.png", "partition_test.png",
+        "config.yaml", "placement.json", "partition.json", *pngs,
         "zero_shot.json", "metrics.jsonl", "confusion.json", "summary.json", "tensorboard",
     }
 
