@@ -45,8 +45,9 @@ Identical work, and how it is made identical (the report checks the first two an
 - the round: one round, `--epochs` local epochs (default 1: the reference's EPOCHS), batch 64 for training,
   labelling and testing (the reference's BATCH_SIZE and its hard-coded 64), lr 0.1, SGD momentum 0.9, weight
   decay 0.05, cosine over 5 x epochs, fp32, `--threads` CPU threads, momentum carried from client to client
-  (`--optim.optimizer_state shared`, as the reference's one optimizer), no test of a global model
-  (`--evaluation.global_model false`: the reference tests none).
+  (`--optim.optimizer_state shared`, as the reference's one optimizer); fedur also tests its server's model
+  (its default `--evaluation.global_model true`, unless --global-model off), which the reference does not: fedur
+  scores it in the clients' own pass (docs/performance.md).
 - what cannot be switched off in fedur: its zero-shot test of every client before round 1
   (fedur/train/fit.py, `record_zero_shot`), which the reference does not do; it falls in "before round 1".
 
@@ -454,7 +455,7 @@ def fedur_command(args, data_root: Path, weights: dict, run_dir: Path, cache_dir
         "--federation.partition", "dirichlet", "--federation.beta", "0.1", "--federation.partition_seed", "reference",
         "--optim.lr", "0.1", "--optim.momentum", "0.9", "--optim.weight_decay", "0.05", "--optim.schedule", "cosine",
         "--optim.batch_size", "64", "--optim.eval_batch_size", "64", "--optim.optimizer_state", "shared",
-        "--evaluation.global_model", "false",
+        "--evaluation.global_model", "true" if args.global_model == "on" else "false",
         "--run.seed", str(args.seed), "--run.threads", str(args.threads), "--run.output_dir", str(run_dir),
         "--run.progress", "false",
         "--fabric.accelerator", "cpu", "--fabric.devices", "1", "--fabric.precision", "32-true",
@@ -772,6 +773,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="cifar10-jpg.tar.gz (default: $FEDUR_SHARED_DIR/data/, else ../shared/data/ beside the repository)")
     p.add_argument("--reference-workers", type=int, default=None,
                    help="DataLoader workers for the reference (default: its code's own, 8)")
+    p.add_argument("--global-model", choices=("on", "off"), default="on",
+                   help="fedur also tests its server's model every round (its default, on: the evaluation protocols "
+                   "at the cost of one pass); the reference tests none")
     p.add_argument("--fedur-arg", action="append", default=[], help="an extra fedur flag (repeatable), e.g. "
                    "--fedur-arg=--data.cache=false")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder of the report (<name>.md, <name>.json)")
