@@ -116,6 +116,8 @@ class Profile:
     memory_test_per_client: int = 4
     matmul_n: int = 8192
     matmul_reps: int = 10
+    floor_seconds: float = 0.5  # round_cost.py's timing of each floor cost: at least this long, at most floor_reps calls
+    floor_reps: int = 10
 
 
 # Budgets: the first six steps run side by side, so theirs count from the same start (waiting for a --jobs slot
@@ -135,7 +137,7 @@ CPU = Profile(
     device="cpu", budget=900,
     budgets={"imports": 120, "demo-bf16": 240, "demo-fp32": 240, "repeat-bf16": 360, "resume-bf16": 480, "methods": 600,
              "clients-per-step": 480, "round-cost": 240, "memory": 240},
-    big_model="fedur-tiny", round_images=100, round_clients=4, matmul_n=1024, matmul_reps=5,
+    big_model="fedur-tiny", round_images=40, round_clients=2, matmul_n=1024, matmul_reps=5, floor_seconds=0.0, floor_reps=1,
 )
 
 
@@ -513,7 +515,7 @@ def step_round_cost(ctx: Context, step: Step) -> str:
     cmd = [sys.executable, str(REPO / "benchmarks" / "round_cost.py"), "--device", p.device, "--precision", "bf16",
            "--parts", "round", "--models", p.big_model, "--round-models", p.big_model, "--round-images", str(p.round_images),
            "--round-clients", str(p.round_clients), "--round-shared", "on", "--round-rounds", "2",
-           "--min-seconds", "0.5", "--max-reps", "10", "--out", str(out)]
+           "--min-seconds", str(p.floor_seconds), "--max-reps", str(p.floor_reps), "--out", str(out)]
     if p.device == "cpu":
         cmd += ["--threads", "1"]
     ctx.run_ok(step, cmd)

@@ -545,6 +545,8 @@ def fedur_side(args, work: Path, data_root: Path, weights: dict, index: int) -> 
                 written.get("zero_shot.json", float("nan")) - written.get("partition.json", float("nan")),
             "zero_shot.json to round 1": start - written.get("zero_shot.json", float("nan")),
         }
+        startup = json.loads((run_dir / "summary.json").read_text()).get("startup_seconds") or {}
+        side["detail"].update({f"summary.json startup {k}": v for k, v in startup.items()})  # fedur's own clock
         side["split"] = {"classes": partition["classnames"], "train": partition["train"], "test": partition["test"]}
         side["selection"] = row["selection"]
         side["accuracy"] = row["client_accuracy"]  # percent

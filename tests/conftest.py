@@ -105,9 +105,9 @@ def scalar_curve(log_dir: Path, tag: str, digits: int | None = None) -> list[tup
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory) -> Path:
     """Every case of tests/shared_runs.py (each of fedur's methods, and one mechanism each) on 1 rank, run once for
-    the session in one process: what several test files compare their own runs with. Under pytest-xdist the
-    workers share them: the first to ask runs them, the others wait for its folder."""
-    from filelock import FileLock
+    the session: what several test files compare their own runs with. Under pytest-xdist the workers share them,
+    in shards: a worker that asks runs every shard no other worker has taken, then waits for the rest."""
+    from filelock import FileLock, Timeout
 
     from .shared_runs import every_case, run_all
 
@@ -117,11 +117,46 @@ def tiny_runs(tmp_path_factory) -> Path:
         run_all(every_case(), root)
         return root
     root = tmp_path_factory.getbasetemp().parent / f"shared-{session}"
-    with FileLock(f"{root}.lock"):
-        if not (root / "finished").is_file():
-            run_all(every_case(), root)
-            (root / "finished").touch()
+    cases = list(every_case().items())
+    shards = [dict(cases[i::SHARDS]) for i in range(SHARDS)]
+    locks = [FileLock(f"{root}.{i}.lock") for i in range(SHARDS)]
+    for i, (lock, shard) in enumerate(zip(locks, shards)):
+        try:
+            lock.acquire(timeout=0)  # taken: another worker runs it
+        except Timeout:
+            continue
+        try:
+            if not (root / f"finished-{i}").is_file():
+                run_all(shard, root)
+                (root / f"finished-{i}").touch()
+        finally:
+            lock.release()
+    for i, lock in enumerate(locks):
+        with lock:  # its runner is done (or died: then the assertion says so)
+            assert (root / f"finished-{i}").is_file(), f"the shared runs' shard {i} did not finish (another worker failed)"
     return root
+
+
+SHARDS = 2  # the shared runs in as many processes as CI's workers (a third shard would pay another start-up)
+
+
+def pytest_collection_modifyitems(items):
+    """The files that hold whole runs (a slow test) first, each in its order: under pytest-xdist (below) the longest
+    work starts first and the quick files fill the workers' ends."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the collection's order within each part
+
+
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # pytest-xdist (the dev extras) not installed: one process
+    pass
+else:
+    def pytest_xdist_make_scheduler(config, log):
+        """`pytest -n N`: each test file to one worker, so that the runs a file's tests share (its module-scoped
+        fixtures) are computed once, in the order above (not xdist's reordering by the number of tests)."""
+        config.option.loadscopereorder = False
+        return LoadFileScheduling(config, log)
 
 
 class MainResult(NamedTuple):

@@ -151,7 +151,9 @@ def test_every_dataset_is_registered_under_its_own_key_with_documented_options()
     assert registry["cub"] is CUB and registry["twoshapes"] is TwoShapes
     for cls in registry.values():
         options = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
-        documented = [param.arg_name for param in docstring_parser.parse(cls.__doc__).params]
+        # the class's Args section or its __init__'s (jsonargparse's help reads both; examples/ use the second)
+        documented = [param.arg_name for doc in (cls.__doc__, cls.__init__.__doc__)
+                      for param in docstring_parser.parse(doc or "").params]
         assert documented == options, f"{cls.__name__}: every option in its Args section, in order"
 
 
