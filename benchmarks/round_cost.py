@@ -673,8 +673,8 @@ def markdown(results: dict) -> str:
             "train image (round 1: zero-shot CLIP's plain image forward; later rounds: the prompted eval forward); "
             f"train: the selected images x 1 epoch, training step at batch {results['machine']['train_batch']}; "
             f"evaluate: every test image, prompted eval forward at batch {results['machine']['eval_batch']} (the "
-            "personal protocol; with the global model on, its test of the server's model on the clients' test union "
-            "comes on top, not in the floor). "
+            "personal protocol; the server's model is scored from the same pass where it shares the clients' image "
+            "features, as FedUR's does; a server model with other image features has a pass of its own, not in the floor). "
             "Per phase: seconds measured / floor (on W ranks: the floor / W, each rank's share if balanced). Not in a round: process start, the image cache, the zero-shot "
             "evaluation before round 1 (how long each took: 'Before round 1' below).",
             "",
