@@ -124,7 +124,8 @@ class Profile:
 # included); round-cost and memory follow, alone. On CPU (2 cores, 2 jobs) the rehearsal took ~190 s with 8 methods
 # on an idle machine: the first six ~150 s (a demo run ~20-30 s, half of it process start), round-cost ~16 s, memory
 # ~21 s; with 12 methods, round-cost's run twice (global model on and off), and another job on the cores, 419 s
-# (methods 301 s, round-cost 53 s). On the H200 (not yet measured) a demo run should be mostly process start
+# (methods 301 s, round-cost 53 s); on a quiet 2-core machine with native bf16 and round-cost's floors timed once
+# (2 clients, 40 images), 133 s (methods 86 s, round-cost 20 s). On the H200 (not yet measured) a demo run should be mostly process start
 # (~10-20 s): 19 runs over 6 jobs ~80 s, round-cost and memory ~60-90 s each. The global budget keeps the whole
 # under 8 minutes whatever a step does.
 GPU = Profile(
