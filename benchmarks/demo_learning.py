@@ -10,7 +10,7 @@ table of zero-shot client mean, final mean and gain; `tests/test_learning.py` ta
     python benchmarks/demo_learning.py                    # 5 seeds x every variant below, ~15 min on 2 CPU cores
     python benchmarks/demo_learning.py --seeds 1,2,3 --variants fedur
     python benchmarks/demo_learning.py --sweep-lr 0.002,0.005,0.01,0.02,0.05 --variants promptfl,fedotp \
-        --out benchmarks/results/demo_lr_sweep.md        # each variant at each lr, without its preset
+        --out benchmarks/results/demo_lr_sweep.md        # each variant at each lr, its preset's other settings kept
 
 Every run is a fresh process; finished runs in the same --workdir are reused.
 """
@@ -57,11 +57,11 @@ ALL = {**VARIANTS, **DIAGNOSTICS}
 
 
 def variant_flags(variant: str, lr: str | None) -> list[str]:
-    """The variant's flags: its demo preset (if it has one) unless a swept lr replaces it."""
+    """The variant's flags: with its demo preset (if it has one), whose learning rate a swept `lr` replaces (the
+    preset's other settings, a method's own weighting or optimizer, stay)."""
     preset = PRESETS / f"{variant}.yaml"
-    if lr is not None:
-        return [*ALL[variant], "--optim.lr", lr]
-    return [*ALL[variant], *(["--config", str(preset)] if preset.is_file() else [])]
+    flags = [*ALL[variant], *(["--config", str(preset)] if preset.is_file() else [])]
+    return flags if lr is None else [*flags, "--optim.lr", lr]
 
 
 def run(variant: str, seed: int, args: argparse.Namespace, lr: str | None = None) -> dict:
@@ -83,6 +83,15 @@ def run(variant: str, seed: int, args: argparse.Namespace, lr: str | None = None
         f"final {summary['final_mean_accuracy']:.2f}  ({time.perf_counter() - start:.0f} s)", flush=True,
     )
     return summary
+
+
+def parallel(cases: list[tuple[str, int, str | None]], args: argparse.Namespace) -> dict:
+    """{(variant, seed, lr): summary} of every case, `args.jobs` runs at a time (each its own process)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        futures = {case: pool.submit(run, case[0], case[1], args, case[2]) for case in cases}
+        return {case: future.result() for case, future in futures.items()}
 
 
 def gain(summary: dict) -> float:
@@ -137,6 +146,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, of: {', '.join(ALL)}")
     parser.add_argument("--sweep-lr", default=None, help="comma-separated learning rates: a sweep table instead")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fedur-demo-learning"))
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (each a process of one thread)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "demo_learning.md")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -145,14 +155,16 @@ def main() -> None:
     call = f"`python benchmarks/demo_learning.py --seeds {args.seeds} --variants {args.variants}"
     if args.sweep_lr:
         lrs = args.sweep_lr.split(",")
-        results = {v: {lr: {seed: run(v, seed, args, lr) for seed in seeds} for lr in lrs} for v in variants}
+        done = parallel([(v, seed, lr) for v in variants for lr in lrs for seed in seeds], args)
+        results = {v: {lr: {seed: done[v, seed, lr] for seed in seeds} for lr in lrs} for v in variants}
         text = (f"# Learning rates on the demo ({config})\n\n{call} --sweep-lr {args.sweep_lr}`: each method with its "
                 "own labeller at each learning rate, gain of the final mean client accuracy over zero-shot (points); "
                 "in bold the lr with the largest smallest gain. A baseline's demo preset (configs/presets/demo/) takes it; "
                 "FedUR and FedCoPL keep the demo's 0.002 under both protocols, as the paper runs them with one "
                 f"setting. {CAPPED}\n\n" + sweep_table(results, seeds) + "\n")
     else:
-        results = {v: {seed: run(v, seed, args) for seed in seeds} for v in variants}
+        done = parallel([(v, seed, None) for v in variants for seed in seeds], args)
+        results = {v: {seed: done[v, seed, None] for seed in seeds} for v in variants}
         presets = [v for v in variants if (PRESETS / f"{v}.yaml").is_file()]
         text = (f"# Every method on the demo ({config})\n\n{call}`: one process per run, mean client accuracy (%) on "
                 f"each client's test split; {', '.join(presets) or 'no variant'} with its demo preset "

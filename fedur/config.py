@@ -48,6 +48,9 @@ class ModelConfig:
     client's stays its own or is averaged is the method's to say (FedUR: its own). 0 disables the text prompt."""
     ctx_init_std: NonNegativeFloat = 0.02
     """Standard deviation of the N(0, std^2) init of both prompts."""
+    ctx_suffix: str = ""
+    """Fixed words between the text context and the class name in every class prompt, "[SOS] ctx <words> <class>."
+    (MaPLe's published prompts: a 2-vector context from "a photo", then "of a" fixed); empty: none (CoOp's)."""
     visual_tokens: NonNegativeInt = 5
     """Deep visual prompt tokens appended after the patch tokens at each prompted block; whether they are averaged
     is the method's to say (FedUR: averaged). 0 disables the visual prompt."""
@@ -192,6 +195,16 @@ class OptimConfig:
     optimizer_state: Literal["reset", "client", "shared"] = "reset"
     """SGD momentum: fresh for every client every round ('reset'), kept by each client across rounds
     ('client'), or carried from client to client in id order like the reference code ('shared'; one rank only)."""
+    cosine_epochs: PositiveInt | None = None
+    """With optim.schedule cosine, its half-period T in local epochs, counted from the run's first round and never
+    restarted: torch's CosineAnnealingLR(T_max=T) stepped once per local epoch, which falls to 0 over T epochs and
+    rises back over the next T (PromptFolio's released code: T = 5). null: one cosine over each pseudo-label period
+    (refresh_every x local_epochs epochs), restarting at each refresh (FedUR's)."""
+    warmup_epochs: NonNegativeInt = 0
+    """The run's first local epochs (each client's, counted from the first round) at optim.warmup_lr; a schedule
+    that is never restarted (optim.cosine_epochs) starts after them (Dassl's constant warm-up: PromptFolio's 1)."""
+    warmup_lr: PositiveFloat = 1e-5
+    """The learning rate of the warm-up epochs (optim.warmup_epochs; Dassl's WARMUP_CONS_LR)."""
 
 
 @dataclass

@@ -71,7 +71,7 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
     loading = prepare_splits(no_train, target.test, clip.preprocess, clip.image_size, cfg.dataset.cache_key,
                              CacheOptions(d.cache, d.cache_dir, d.corrupt_images))
     model = PromptedCLIP(clip, target.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
-                         cfg.model.ctx_init_std, cfg.run.seed)
+                         cfg.model.ctx_init_std, cfg.run.seed, cfg.model.ctx_suffix)
     model.shared_prefix_text, model.normalize = cfg.model.shared_prefix_text, loading.normalize
     model = model.to(fabric.device).eval()
     model.zero_shot_text = zero_shot_weights(clip, target.classnames, target.template, fabric.device)

@@ -94,3 +94,51 @@ def demo_flags(method: type) -> list[str]:
     """The flags that run `method` on the demo (after `--config configs/smoke.yaml`) with its demo preset."""
     preset = demo_preset(method)
     return ["--method", method.__name__] + (["--config", str(preset)] if preset else [])
+
+
+def piece_names(pieces: dict) -> list[str]:
+    """The pieces' names for a table, the shared in bold; the weights of one module (`generator.*`) as one entry."""
+    out, seen = [], {}
+    for name, piece in pieces.items():
+        group = name.split(".")[0] + ".*" if "." in name else name
+        seen.setdefault(group, []).append(piece)
+    for group, members in seen.items():
+        label = f"{group} ({len(members)})" if len(members) > 1 else group
+        out.append(f"**{label}**" if all(p.shared for p in members) else label)
+    return out
+
+
+def methods_page() -> str:
+    """docs/methods.md: every one of fedur's methods, read from its class (its name, table label, pieces with the
+    shared ones in bold, default labeller, presets and first docstring line); `python -m fedur.plugins methods` writes
+    it, and a test checks that the page in the repository is this."""
+    rows = []
+    for cls in builtin("method"):
+        method = cls()
+        pieces = ", ".join(piece_names(method.pieces())) or "none"
+        labeller = method.default_labeller() if method.trains else None
+        demo = demo_preset(cls)
+        presets = ", ".join(f"`configs/{p}`" for p in ([f"presets/{cls.preset}.yaml"] if cls.preset else [])
+                            + ([f"presets/demo/{cls.key}.yaml"] if demo else [])) or "-"
+        summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
+        rows.append(f"| `{cls.__name__}` | {cls.key} | {cls.label} | {pieces} | "
+                    f"{type(labeller).__name__ if labeller else '-'} | {presets} | {summary} |")
+    return (
+        "# The methods\n\n"
+        f"fedur has {len(rows)} methods, each one class in `fedur/methods/` (`--method CLASS`; `--method.help CLASS` lists its "
+        "settings). This page is generated from the classes (`python -m fedur.plugins methods > docs/methods.md`; "
+        "tests/test_plugin_description.py checks it): what each holds (its pieces, the shared ones in bold: the server "
+        "averages them, the others stay with the client), the labeller it trains with unless `--labeller` names one, its "
+        "published settings and its demo preset. Where each differs from its original code, and why: "
+        "[reference-parity.md](reference-parity.md).\n\n"
+        "| `--method` | key | in tables | pieces | labeller | presets | what it is |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["methods"]:
+        raise SystemExit("usage: python -m fedur.plugins methods > docs/methods.md")
+    print(methods_page(), end="")

@@ -104,7 +104,11 @@ def test_a_training_step_of_every_method_runs_on_the_device(method, group):
     batches = [(torch.zeros(3, 3, 32, 32, dtype=torch.uint8, device=META), torch.zeros(3, dtype=torch.long, device=META),
                 torch.zeros(3, rank.model.num_classes, dtype=torch.bool, device=META), torch.arange(3, device=META))
                for _ in clients]
-    outs = tuner.training_step(batches, prompts, on_device, torch.ones(rank.model.num_classes, device=META))
+    rank.model.train()  # a training step, as train_unit runs it (the methods' hooks read `model.training`)
+    try:
+        outs = tuner.training_step(batches, prompts, on_device, torch.ones(rank.model.num_classes, device=META))
+    finally:
+        rank.model.eval()
     torch.stack([o["loss"] for o in outs]).sum().backward()
     assert all(p[n].grad is not None and p[n].grad.device == META for p in prompts for n in names)
 

@@ -45,8 +45,10 @@ def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
     assert grids.BASELINE_LABELS == {"promptfl": "PromptFL", "promptprox": "PromptProx", "pfedprompt": "pFedPrompt",
                                      "fedotp": "FedOTP"}
     assert grids.LABELLER_LABELS == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
-    assert set(grids.PRESETS) == {"promptfl", "promptprox", "pfedprompt", "fedotp", "fedpgp", "fedtpg", "promptfolio"}
-    assert grids.NEW_BASELINES == ("fedpgp", "fedtpg", "promptfolio", "scaffold")  # every method beside the paper's
+    assert set(grids.PRESETS) == {"promptfl", "promptprox", "pfedprompt", "fedotp", "fedpgp", "fedtpg", "promptfolio",
+                                  "fedcocoop", "fedkgcoop", "fedmaple", "fedpromptsrc", "pfedmoap", "fedpha"}
+    assert grids.NEW_BASELINES == ("fedcocoop", "fedpgp", "fedpha", "fedtpg", "fedkgcoop", "fedmaple", "pfedmoap",
+                                   "promptfolio", "fedpromptsrc", "scaffold")  # every method beside the paper's, by module
     assert grids.DATASET_LABELS == {"dtd": "DTD", "resisc45": "RESISC45", "cub": "CUB", "ucf101": "UCF101",
                                     "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
     assert [r.labels for r in grids.PAPER_ROWS[:3]] == [("CLIP (zero-shot)", "-"), ("GDA-U", "EM"), ("PromptFL", "FPL")]
@@ -226,3 +228,20 @@ def test_a_plugin_resumes_across_its_result_neutral_and_added_settings(tmp_path)
     assert checkpoint.latest(first).round_idx == 1
     with pytest.raises(RunDirError, match=r"labeller.margin: 0.0 \(checkpoint\) -> 0.1 \(now\)"):
         session(tmp_path / "second", "--federation.rounds", "2", "--run.resume", "true", "--labeller.margin", "0.1")
+
+
+def test_the_methods_page_and_the_readme_are_the_classes():
+    """docs/methods.md is generated from the classes, and the README's methods table names every method and says how
+    many fedur has: a method added to fedur that they do not show fails here."""
+    import re
+
+    from fedur import plugins
+
+    assert (REPO / "docs" / "methods.md").read_text() == plugins.methods_page(), \
+        "docs/methods.md is stale: python -m fedur.plugins methods > docs/methods.md"
+    readme = (REPO / "README.md").read_text()
+    classes = plugins.builtin("method")
+    missing = [cls.__name__ for cls in classes if f"| `{cls.__name__}` |" not in readme]
+    assert not missing, f"the README's methods table lacks {missing}"
+    counted = re.search(r"(\d+) methods", readme)
+    assert counted and int(counted.group(1)) == len(classes), f"the README says {counted and counted.group(0)}; fedur has {len(classes)}"

@@ -9,7 +9,8 @@ The client side (`ClientSide`: what a client trains, its logits, its loss, what 
 - `text_side` / `logits`: how a client's logits are formed from an image batch and its pieces (several clients
   at once, run.clients_per_step, go through one pass of a tower where the class keeps the base's:
   fedur/methods/forward.py; nothing to declare);
-- `penalty`: an extra term of a client's local loss (FedProx's proximal term);
+- `penalty`: an extra term of a client's local loss (FedProx's proximal term), seeing the step's batch and logits
+  (`LocalBatch`: PromptSRC's agreement with the frozen model, FedPHA's loss on its global prompt's logits);
 - `before_step` / `after_step`: around each optimizer step, seeing the client, the step, its learning rate
   and the gradients of the pieces (a gradient correction, SCAFFOLD's);
 - `after_refresh`: per-client state built at each pseudo-label refresh, kept in `client.extra`;
@@ -79,6 +80,19 @@ class LocalStep:
     optimizer: torch.optim.Optimizer
 
 
+@dataclass(frozen=True)
+class LocalBatch:
+    """A client's batch in a training step, as `penalty` sees it (on the device)."""
+
+    images: Tensor  # (B, 3, H, W)
+    labels: Tensor  # (B,) the pseudo-labels
+    mask: Tensor  # (B, C) bool, the labeller's class mask (negatives, CPL's candidates)
+    rows: Tensor  # (B,) int64, each image's position in the client's train images
+    logits: Tensor  # (B, C) the step's logits (the method's `logits`), with their graph
+    loss: Callable[[Tensor], Tensor]  # the labeller's loss of other (B, C) logits on this batch (its labels, mask and
+    # the round's class weights): what a method adds for a second head (FedPHA's global prompt)
+
+
 @dataclass
 class LocalRound:
     """A client's local training in one round, as `upload` sees it."""
@@ -98,11 +112,18 @@ class ServerRound:
     weights: Tensor  # (K,) the aggregation weight of each client, 0 for those that did not upload
     current: dict[str, Tensor]  # the global value of each shared piece before this round's aggregation
     state: dict[str, Tensor]  # the method's own server state from the round before ({} at first)
+    training: Tensor | None = None  # (K,) bool: the federation's clients (False: a new client held out of every round,
+    # evaluation.new_clients: it never uploads); None: every client
 
     @property
     def participants(self) -> Tensor:
         """(K,) bool: the clients whose uploads this round holds."""
         return self.weights > 0
+
+    @property
+    def federation(self) -> int:
+        """N: how many clients the federation has (the new clients held out of every round not counted)."""
+        return len(self.weights) if self.training is None else int(self.training.sum())
 
 
 @dataclass
@@ -149,8 +170,9 @@ class ClientSide:
         return {"visual": visual_prompt(shared=True), "text_ctx": text_context(shared=False)}
 
     def text_side(self, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Any:
-        """What the logits need from the text tower, computed once per pass (and every training step)."""
-        return model.text_features(pieces.get("text_ctx"))
+        """What the logits need from the text tower, computed once per pass (and every training step): the class
+        features of the text context "text_ctx", with the deep text prompts "deep_text" where the method has them."""
+        return model.text_features(pieces.get("text_ctx"), deep=pieces.get("deep_text"))
 
     def logits(self, model: PromptedCLIP, images: Tensor, pieces: dict[str, Tensor], text: Any,
                client: ClientState, rows: Tensor | None = None) -> Tensor:
@@ -160,9 +182,10 @@ class ClientSide:
         return model.logits(model.image_features(images, visual=pieces.get("visual")), text)
 
     def penalty(self, model: PromptedCLIP, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState,
-                text: Any) -> Tensor | None:
+                text: Any, batch: LocalBatch) -> Tensor | None:
         """An extra term of the client's local loss, this step: of the `pieces` being trained (`start`: those it began
-        the round with; `text`: what `text_side` gave for `pieces` this step); None: none."""
+        the round with; `text`: what `text_side` gave for `pieces` this step, the object `logits` was handed for the
+        step's batch; `batch`: the batch, its logits and the labeller's loss of other logits); None: none."""
         return None
 
     def before_step(self, step: LocalStep) -> None:
@@ -259,6 +282,9 @@ class Method(ClientSide, ServerSide):
         if "rows" not in inspect.signature(cls.logits).parameters:
             raise PluginError(f"{cls.__qualname__}.logits(model, images, pieces, text, client, rows=None) must take `rows`: "
                             "each image's position in the client's train images, or None (fedur/methods/base.py)")
+        if "batch" not in inspect.signature(cls.penalty).parameters:
+            raise PluginError(f"{cls.__qualname__}.penalty(model, pieces, start, client, text, batch) must take `batch`: the "
+                            "step's LocalBatch, its images, pseudo-labels, logits and the labeller's loss (fedur/methods/base.py)")
 
     def __init__(self, weighting: Literal["selected", "data", "uniform"] = "selected") -> None:
         """

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
-from fedur.methods.base import GlobalModel, GlobalView, Method
+from fedur.methods.base import GlobalModel, GlobalView, LocalBatch, Method
 from fedur.methods.pieces import Piece, text_context
 from fedur.model.precision import full_precision
 from fedur.model.prompts import init_prompt
@@ -73,7 +73,7 @@ class FedPGP(Method):
         return model.text_features(personalised(pieces))
 
     def penalty(self, model: PromptedCLIP, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState,
-                text: Any) -> Tensor | None:
+                text: Any, batch: LocalBatch | None = None) -> Tensor | None:
         """mu x the contrastive term, over the classes (rows), from this step's personalised features `text`."""
         if self.mu == 0:
             return None

@@ -40,7 +40,8 @@ def text_sides(method: ClientSide, model: PromptedCLIP, pieces: list[dict[str, T
     the base's; a client alone (or a model without a text context) gets exactly its own."""
     if len(pieces) == 1 or not default_text_side(method) or pieces[0].get("text_ctx") is None:
         return [method.text_side(model, p) for p in pieces]
-    return list(model.text_features(torch.stack([p["text_ctx"] for p in pieces])).unbind(0))  # G x (C, D)
+    deep = None if pieces[0].get("deep_text") is None else torch.stack([p["deep_text"] for p in pieces])  # (G, J - 1, n, w)
+    return list(model.text_features(torch.stack([p["text_ctx"] for p in pieces]), deep=deep).unbind(0))  # G x (C, D)
 
 
 def group_logits(method: ClientSide, model: PromptedCLIP, images: list[Tensor], pieces: list[dict[str, Tensor]],

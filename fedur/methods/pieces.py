@@ -40,12 +40,15 @@ class Piece:
     `seed` (`piece_seed`: run.seed and the piece's name), so that every rank builds the same one.
     `shared`: the server aggregates it (Method.aggregate) and every client downloads the result; otherwise it
     is personal. `trains`: local SGD trains it (a piece without elements never does).
-    `salt`: the seed's offset (None: from the name); fedur's own prompts keep the offsets they always had."""
+    `salt`: the seed's offset (None: from the name); fedur's own prompts keep the offsets they always had.
+    `lr_scale`: its learning rate as a multiple of the client's (optim.lr under the schedule; pFedMoAP's gating
+    network trains at 5x its prompt's)."""
 
     init: Callable[[PromptedCLIP, int], Tensor]
     shared: bool = False
     trains: bool = True
     salt: int | None = None
+    lr_scale: float = 1.0
 
 
 def piece_seed(run_seed: int, name: str, piece: Piece) -> int:
@@ -66,10 +69,20 @@ def initial_values(pieces: dict[str, Piece], model: PromptedCLIP, run_seed: int)
     return out
 
 
-def text_context(shared: bool = False) -> Piece:
+def text_context(shared: bool = False, words: str | None = None) -> Piece:
     """A CoOp text context (model.n_ctx, text width), N(0, model.ctx_init_std^2): the class prompts'
-    learnable words (`model.text_features(ctx)`)."""
+    learnable words (`model.text_features(ctx)`); with `words`, CLIP's own embeddings of their first model.n_ctx
+    tokens (CoOp's, CoCoOp's, MaPLe's "a photo of a" init: `embedding[0, 1:1 + n_ctx]`)."""
+    if words is not None:
+        return Piece(lambda model, seed: model.word_context(words), shared=shared, salt=1)
     return Piece(lambda model, seed: init_prompt(model.text_context_shape, model.init_std, seed), shared=shared, salt=1)
+
+
+def deep_text_prompts(depth: int, shared: bool = False) -> Piece:
+    """Deep text prompts (depth - 1, model.n_ctx, text width), N(0, model.ctx_init_std^2): the context's positions
+    replaced before each text block 1..depth - 1 (MaPLe's `compound_prompts_text`, PromptSRC's `VPT_shallow`); the
+    base `text_side` passes a piece named "deep_text" to `model.text_features`."""
+    return Piece(lambda model, seed: init_prompt((depth - 1, *model.text_context_shape), model.init_std, seed), shared=shared)
 
 
 def visual_prompt(shared: bool = True) -> Piece:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
-from fedur.methods.base import Method, shared_names
+from fedur.methods.base import LocalBatch, Method, shared_names
 from fedur.methods.pieces import Piece, text_context
 from fedur.methods.proximal import proximal_term
 
@@ -47,6 +47,6 @@ class PromptProx(PromptFL):
         self.mu = float(mu)
 
     def penalty(self, model: PromptedCLIP, pieces: dict[str, Tensor], start: dict[str, Tensor], client: ClientState,
-                text: Any) -> Tensor | None:
+                text: Any, batch: LocalBatch) -> Tensor | None:
         names = shared_names(self)
         return proximal_term([pieces[n] for n in names], [start[n] for n in names], self.mu)

@@ -36,6 +36,7 @@ class PromptedCLIP(nn.Module):
         visual_depth: int | None,
         init_std: float,
         seed: int,
+        ctx_suffix: str = "",
     ) -> None:
         super().__init__()
         if n_ctx < 0 or visual_tokens < 0:
@@ -48,7 +49,10 @@ class PromptedCLIP(nn.Module):
         # The class prompts' fixed words and where the context goes; its `ctx` (the init of seed * 1000 + 1) is what
         # text_features() without a context uses.
         initial = init_prompt(self.text_context_shape, init_std, seed=seed * 1000 + 1)
-        self.text_prompt = TextPrompt(self.clip.token_embedding, clip.tokenizer, classnames, n_ctx, initial)
+        self.ctx_suffix = ctx_suffix
+        self.text_prompt = TextPrompt(self.clip.token_embedding, clip.tokenizer, classnames, n_ctx, initial, ctx_suffix)
+        self.classnames = list(classnames)  # the class names, in label order (what a method's own templates format)
+        self._template_features: dict[tuple, Tensor] = {}
         self.name_tokens = clip.tokenizer([name.replace("_", " ") for name in classnames])  # (C, L) the bare names, CPU
         self._name_features: dict[torch.device, Tensor] = {}
         self.text_prompt.ctx.requires_grad_(False)
@@ -62,6 +66,8 @@ class PromptedCLIP(nn.Module):
         self.shared_prefix_text = True  # text tower: encode the class-independent prefix once (exact)
         self.normalize: Callable[[Tensor], Tensor] = _identity
         self.zero_shot_text: Tensor | None = None  # (C, D) the template's class features, set by the round loop
+        self.eval()  # `training` is True only inside a local training step (fedur/train/local.py): what a method's
+        # hooks read to tell a training step from the pseudo-labelling and evaluation passes
 
     @torch.no_grad()
     def for_classes(self, classnames: list[str], template: str) -> PromptedCLIP:
@@ -74,7 +80,8 @@ class PromptedCLIP(nn.Module):
         device = self.text_prompt.prefix.device
         embedding = nn.Embedding.from_pretrained(self.clip.token_embedding.weight.detach().cpu())  # the tokens are on the CPU
         other.text_prompt = TextPrompt(embedding, self.tokenizer, classnames, self.text_prompt.ctx.shape[0],
-                                       self.text_prompt.ctx.detach().cpu()).to(device)
+                                       self.text_prompt.ctx.detach().cpu(), self.ctx_suffix).to(device)
+        other.classnames, other._template_features = list(classnames), {}
         other.text_prompt.ctx.requires_grad_(False)
         other.name_tokens = self.tokenizer([name.replace("_", " ") for name in classnames])
         other._name_features = {}
@@ -98,6 +105,11 @@ class PromptedCLIP(nn.Module):
         return self.clip.logit_scale.exp()
 
     @property
+    def visual_tokens(self) -> int:
+        """model.visual_tokens: the visual prompt tokens per prompted block."""
+        return self._visual[0]
+
+    @property
     def visual_prompt_shape(self) -> tuple[int, int, int]:
         """(depth, model.visual_tokens, vision width) of deep visual prompts; (0, 0, 0) with no visual tokens.
         model.visual_depth is checked here, when a method declares a visual prompt."""
@@ -110,20 +122,69 @@ class PromptedCLIP(nn.Module):
             raise ConfigError(f"model.visual_depth={visual_depth} must be in [1, {n_blocks}] for this backbone")
         return (depth, tokens, width)
 
-    def text_features(self, ctx: Tensor | None = None) -> Tensor:
+    def text_features(self, ctx: Tensor | None = None, deep: Tensor | None = None) -> Tensor:
         """(C, D) unit-norm class features with the text context `ctx` (n_ctx, width) (default:
-        `text_prompt.ctx`); with G contexts (G, n_ctx, width), (G, C, D) from one pass of the text tower."""
+        `text_prompt.ctx`); with G contexts (G, n_ctx, width), (G, C, D) from one pass of the text tower.
+
+        deep: deep text prompts (J - 1, n_ctx, width), or (G, J - 1, n_ctx, width) with G contexts: the context's
+        positions of the residual stream replaced by prompt i - 1 before text block i, 1 <= i < J (MaPLe's and
+        PromptSRC's deep language prompts; the shared-prefix tower keeps computing the prefix once)."""
         embeddings = self.text_prompt(ctx)  # (C, L, width) or (G, C, L, width)
         tokens = self.text_prompt.tokens
+        if deep is not None:
+            self.check_deep_text(deep)
         if self.shared_prefix_text:
-            features = encode_text_shared_prefix(self.clip, embeddings, tokens, 1 + self.text_prompt.ctx.shape[0], self.host_tokens)
+            features = encode_text_shared_prefix(self.clip, embeddings, tokens, 1 + self.text_prompt.ctx.shape[0], self.host_tokens,
+                                                 deep)
         elif embeddings.dim() == 4:  # every class of every context in one batch
             n_groups, n_cls, length, width = embeddings.shape
             flat = embeddings.reshape(n_groups * n_cls, length, width)
-            features = encode_text_embeddings(self.clip, flat, tokens.repeat(n_groups, 1)).view(n_groups, n_cls, -1)
+            rows = None if deep is None else deep.repeat_interleave(n_cls, dim=0)  # (G * C, J - 1, n_ctx, width)
+            features = encode_text_embeddings(self.clip, flat, tokens.repeat(n_groups, 1), rows).view(n_groups, n_cls, -1)
         else:
-            features = encode_text_embeddings(self.clip, embeddings, tokens)
+            features = encode_text_embeddings(self.clip, embeddings, tokens, deep)
         return F.normalize(features, dim=-1)
+
+    @torch.no_grad()
+    def word_context(self, words: str) -> Tensor:
+        """(n_ctx, width) float32 on the CPU: CLIP's token embeddings of the first n_ctx tokens of `words` (a text
+        context that starts as those words). A ConfigError where `words` has fewer tokens."""
+        n_ctx = self.text_context_shape[0]
+        tokens = self.tokenizer([words])[0]
+        length = int(tokens.argmax()) - 1  # the tokens between the start and the end token
+        if length < n_ctx:
+            raise ConfigError(f"the context's words {words!r} are {length} tokens, fewer than model.n_ctx={n_ctx}: set "
+                              f"model.n_ctx to {length} or less (the words' first n_ctx tokens start the context)")
+        return self.clip.token_embedding.weight.detach()[tokens[1:1 + n_ctx].to(self.clip.token_embedding.weight.device)].float().cpu()
+
+    @property
+    def text_depth(self) -> int:
+        """The text tower's blocks."""
+        return len(self.clip.transformer.resblocks)
+
+    def check_deep_text(self, deep: Tensor) -> None:
+        """Deep text prompts fit this model: (..., J - 1, n_ctx, width) with J <= the text blocks."""
+        n_ctx, width = self.text_context_shape
+        if deep.shape[-2:] != (n_ctx, width) or deep.shape[-3] > self.text_depth - 1:
+            raise ConfigError(f"deep text prompts of shape {tuple(deep.shape[-3:])} do not fit this model: at most "
+                              f"{self.text_depth - 1} prompted blocks after the first, of {(n_ctx, width)} (model.n_ctx, text width)")
+
+    @torch.no_grad()
+    def template_features(self, templates: tuple[str, ...], device: torch.device, average: str = "raw") -> Tensor:
+        """(C, D) unit-norm frozen CLIP class features of the templates (each with one `{}` for the class name), float32
+        on `device`: one template's; several averaged over the templates, of the raw features then normalised
+        (`average` 'raw': PromptSRC's teacher) or of each template's unit-norm features ('unit': CLIP's ensemble).
+        Encoded once per device."""
+        key = (templates, str(device), average)
+        if key not in self._template_features:
+            features = []
+            with full_precision(device):
+                for template in templates:
+                    tokens = self.tokenizer([template.format(name.replace("_", " ")) for name in self.classnames]).to(device)
+                    encoded = self.clip.encode_text(tokens).float()
+                    features.append(encoded if average == "raw" else F.normalize(encoded, dim=-1))
+            self._template_features[key] = F.normalize(torch.stack(features).mean(dim=0), dim=-1)
+        return self._template_features[key]
 
     @torch.no_grad()
     def name_features(self, device: torch.device) -> Tensor:
@@ -135,15 +196,21 @@ class PromptedCLIP(nn.Module):
             self._name_features[device] = F.normalize(features.float(), dim=-1)
         return self._name_features[device]
 
-    def image_features(self, images: Tensor, prompted: bool = True, visual: Tensor | None = None) -> Tensor:
+    def image_features(self, images: Tensor, prompted: bool = True, visual: Tensor | None = None, persist: bool = False) -> Tensor:
         """Unit-norm features of an image batch with the visual prompts `visual`, (depth, n_tok, width) or one per
         image (B, depth, n_tok, width); None (or no elements): the frozen encoder's prompt-free path. With
-        `prompted=False`, plain CLIP's `encode_image`."""
+        `prompted=False`, plain CLIP's `encode_image`. `persist`: the last prompted block's prompt outputs go on
+        through the later blocks (MaPLe's vision tower; `encode_image_prompted`)."""
         images = self.normalize(images)
         if not prompted:
             return F.normalize(self.clip.encode_image(images), dim=-1)
         prompts = visual if visual is not None and visual.numel() else None
-        return F.normalize(encode_image_prompted(self.clip.visual, images, prompts), dim=-1)
+        return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, persist=persist), dim=-1)
+
+    @property
+    def vision_width(self) -> int:
+        """The vision tower's width (a visual prompt token's)."""
+        return vision_width_and_depth(self.clip)[0]
 
     def logits(self, image_features: Tensor, text_features: Tensor, owners: Tensor | None = None) -> Tensor:
         """(B, C) logits of (B, D) image features against (C, D) class features, or against (G, C, D) with
@@ -157,6 +224,15 @@ class PromptedCLIP(nn.Module):
                 n_groups, n_cls, _ = text_features.shape
                 every = image_features.float() @ text_features.float().reshape(n_groups * n_cls, -1).t()
                 cos = every.view(len(owners), n_groups, n_cls)[torch.arange(len(owners), device=owners.device), owners]
+            logits = self.logit_scale.float() * cos
+            bias = getattr(self.clip, "logit_bias", None)
+            return logits + bias.float() if bias is not None else logits
+
+    def paired_logits(self, image_features: Tensor, text_features: Tensor) -> Tensor:
+        """(B, C) logits of each of (B, D) image features against its own (B, C, D) class features (CoCoOp's
+        image-conditioned prompts), in fp32 like `logits`."""
+        with full_precision(image_features.device):
+            cos = torch.einsum("bd,bcd->bc", image_features.float(), text_features.float())
             logits = self.logit_scale.float() * cos
             bias = getattr(self.clip, "logit_bias", None)
             return logits + bias.float() if bias is not None else logits

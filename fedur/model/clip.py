@@ -259,18 +259,22 @@ def _hub_reachable() -> bool:
     return reachable("huggingface.co")
 
 
-def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor) -> Tensor:
+def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor, deep: Tensor | None = None) -> Tensor:
     """`CLIP.encode_text` from token embeddings instead of token ids (unnormalised features).
 
     embeddings: (n, L, width) with L <= context_length; tokens: (n, L) ids, used only to find the
     pooled (end-of-text) position. With a causal mask, positions after the EOT token cannot influence
     it, so callers may truncate L to the last EOT position + 1.
+
+    deep: deep text prompts (J - 1, n_ctx, width), the same for every row, or (n, J - 1, n_ctx, width), each row
+    its own: before block i (1 <= i < J) positions 1..n_ctx of the residual stream are replaced by prompt i - 1,
+    without a positional embedding (MaPLe's and PromptSRC's text blocks); None: plain CLIP.
     """
     length = embeddings.shape[1]
     cast_dtype = model.transformer.get_cast_dtype()
     x = embeddings.to(cast_dtype) + model.positional_embedding[:length].to(cast_dtype)  # (n, L, width)
     attn_mask = model.attn_mask[:length, :length] if model.attn_mask is not None else None
-    x = model.transformer(x, attn_mask=attn_mask)
+    x = model.transformer(x, attn_mask=attn_mask) if deep is None else _deep_transformer(model.transformer, x, attn_mask, deep)
     x = model.ln_final(x)
     x = text_global_pool(x, tokens, model.text_pool_type, eos_token_id=getattr(model, "text_eos_id", None))
     if model.text_projection is not None:
@@ -278,8 +282,25 @@ def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor)
     return x  # (n, embed_dim)
 
 
+def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | None, deep: Tensor) -> Tensor:
+    """open_clip's `Transformer.forward` on (n, L, width) with the deep text prompts `deep` put in before each block
+    (`encode_text_embeddings`)."""
+    per_row = deep.dim() == 4
+    n_deep, n_ctx = deep.shape[-3], deep.shape[-2]
+    if not transformer.batch_first:
+        x = x.transpose(0, 1).contiguous()  # NLD -> LND
+    seq_dim = 1 if transformer.batch_first else 0
+    for i, block in enumerate(transformer.resblocks):
+        if 1 <= i <= n_deep:
+            prompt = (deep[:, i - 1] if per_row else deep[i - 1].unsqueeze(0).expand(x.shape[1 - seq_dim], -1, -1)).to(x.dtype)
+            prompt = prompt if seq_dim == 1 else prompt.transpose(0, 1)  # (n, n_ctx, width) or (n_ctx, n, width)
+            x = torch.cat([x.narrow(seq_dim, 0, 1), prompt, x.narrow(seq_dim, 1 + n_ctx, x.shape[seq_dim] - 1 - n_ctx)], dim=seq_dim)
+        x = block(x, attn_mask=attn_mask)
+    return x if transformer.batch_first else x.transpose(0, 1)
+
+
 def encode_image_prompted(
-    visual: nn.Module, images: Tensor, prompts: Tensor | None, *, return_tokens: bool = False
+    visual: nn.Module, images: Tensor, prompts: Tensor | None, *, return_tokens: bool = False, persist: bool = False
 ) -> Tensor:
     """`VisionTransformer.forward` with deep visual prompts (VPT-deep), unnormalised features.
 
@@ -293,6 +314,10 @@ def encode_image_prompted(
     `ln_post` and the projection, not normalised. When the model pools by its CLS token (open_clip's
     default), token 0 is the pooled feature. Models with an attentional pooler have no per-token
     projection and are refused.
+
+    persist: the last prompted block's prompt outputs go on through every later block (MaPLe's and PromptSRC's
+    vision towers: their CLS token attends to them), and are dropped only before the pooling; False (VPT-deep):
+    dropped after each prompted block.
     """
     x = visual._embeds(images)  # (B, 1 + patches, width)
     per_image = prompts is not None and prompts.dim() == 4
@@ -310,9 +335,12 @@ def encode_image_prompted(
                 tokens = prompts[i].to(x.dtype).unsqueeze(1 - seq_dim).expand(*_expand_shape(x, n_tok, seq_dim))
             x = torch.cat([x, tokens], dim=seq_dim)  # (B, 1 + patches + n_tok, width)
             x = block(x)
-            x = x.narrow(seq_dim, 0, x.shape[seq_dim] - n_tok)  # drop this block's prompt outputs
+            if not persist or i < depth - 1:
+                x = x.narrow(seq_dim, 0, x.shape[seq_dim] - n_tok)  # drop this block's prompt outputs
         else:
             x = block(x)
+    if persist and depth:
+        x = x.narrow(seq_dim, 0, x.shape[seq_dim] - n_tok)  # the persisting prompt outputs, before the pooling
     if not transformer.batch_first:
         x = x.transpose(0, 1)
     if return_tokens:

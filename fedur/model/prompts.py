@@ -12,7 +12,8 @@ from fedur.errors import ConfigError
 
 
 class TextPrompt(nn.Module):
-    """`[SOS] X_1..X_n <class name> . [EOS]` with the X's learnable and shared by all classes (CoOp, CSC off).
+    """`[SOS] X_1..X_n <class name> . [EOS]` with the X's learnable and shared by all classes (CoOp, CSC off); with
+`suffix` words, fixed ones between the context and the class name (`[SOS] X_1 X_2 of a <class name> .`: MaPLe's).
 
     The frozen prefix/suffix embeddings are buffers that are not saved (persistent=False): they are a
     function of the class names and the backbone, so a client's state is only `ctx`.
@@ -25,6 +26,7 @@ class TextPrompt(nn.Module):
         classnames: list[str],
         n_ctx: int,
         init: Tensor,
+        suffix: str = "",
     ) -> None:
         super().__init__()
         width = token_embedding.weight.shape[1]
@@ -32,7 +34,7 @@ class TextPrompt(nn.Module):
             raise ValueError("a text prompt needs at least one class name, got none")  # internal: see above
         if init.shape != (n_ctx, width):
             raise ValueError(f"text prompt init has shape {tuple(init.shape)}, expected {(n_ctx, width)}")  # internal: built from the shape
-        prefix = " ".join(["X"] * n_ctx)
+        prefix = " ".join(["X"] * n_ctx + ([suffix] if suffix else []))
         texts = [f"{prefix} {name.replace('_', ' ')}.".strip() for name in classnames]
         tokens = tokenizer(texts)  # (C, context_length)
         placeholder = tokenizer(["X"])[0, 1]

@@ -105,7 +105,8 @@ def round_plan(cfg: Config, host: Host, truth: Truth) -> RoundPlan:
     sizes = {c.client_id: torch.tensor(len(c.train_indices), device="cpu") for c in host.clients}
     return RoundPlan(
         rounds=host.method.rounds(fed.rounds), refresh_every=fed.refresh_every, join_rate=fed.join_rate, seed=cfg.run.seed,
-        optim=Optimization(optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every, optim.schedule),
+        optim=Optimization(optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every, optim.schedule,
+                           optim.cosine_epochs, optim.warmup_epochs, optim.warmup_lr),
         optimizer_state=optim.optimizer_state, global_model=cfg.evaluation.global_model,
         train_sizes=host.gather(sizes, like=torch.tensor(0, device="cpu"), what="train sizes"), train_labels=truth.train_labels,
     )
@@ -133,7 +134,7 @@ def finish(host: Host, cfg: Config, run_dir: RunDir, recorder: Recorder, state: 
         recorder.record_confusion(last.confusion, host.dataset.classnames)
     if host.new_clients and method.trains:
         epochs = cfg.evaluation.new_client_epochs or fed.local_epochs
-        adaptation = replace(plan.optim, local_epochs=epochs, refresh_every=1)  # one cosine cycle over the adaptation
+        adaptation = replace(plan.optim, local_epochs=epochs, refresh_every=1, cosine_epochs=None, warmup_epochs=0)  # one cosine cycle
         recorder.record_adapted(adapt_new_clients(host, labeller, adaptation, cfg.evaluation.new_client_labels == "zero_shot",
                                                   plan.train_sizes, plan.rounds, plan.train_labels), host.training)
     host.collectives.close()

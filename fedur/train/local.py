@@ -41,9 +41,11 @@ def epoch_plan(clients: list[ClientState], generators: list[torch.Generator], ba
     return [[(k, torch.from_numpy(b[s])) for k, b in enumerate(batches) if s < len(b)] for s in range(steps)]
 
 
-def client_optimizer(host: Host, round_idx: int, optimizer_state: dict | None, params: list[Tensor], optim: Optimization):
-    """SGD and its schedule for one client-round over `params`, from `optimizer_state` (its momentum; None: fresh)."""
-    optimization = host.tuner.configure_optimizers(params, round_idx, optim)
+def client_optimizer(host: Host, round_idx: int, optimizer_state: dict | None, params: list[Tensor], optim: Optimization,
+                     lr_scales: list[float] | None = None):
+    """SGD and its schedule for one client-round over `params` (`lr_scales`: each one's multiple of the learning rate),
+    from `optimizer_state` (its momentum; None: fresh)."""
+    optimization = host.tuner.configure_optimizers(params, round_idx, optim, lr_scales)
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     if optimizer_state is not None:  # the momentum only: the learning rate is the schedule's
         optimizer.load_state_dict({"state": optimizer_state, "param_groups": optimizer.state_dict()["param_groups"]})
@@ -63,6 +65,15 @@ def train_unit(host: Host, clients: list[ClientState], round_idx: int, optimizer
     client has its own SGD and schedule and steps only when it had a batch; the method's before_step and
     after_step see each step.
     """
+    host.model.train()  # what the method's hooks see as a training step (`model.training`)
+    try:
+        return _train_unit(host, clients, round_idx, optimizer_states, optim, class_weights)
+    finally:
+        host.model.eval()
+
+
+def _train_unit(host: Host, clients: list[ClientState], round_idx: int, optimizer_states: list[dict | None],
+                optim: Optimization, class_weights: Tensor | None) -> list[LocalResult]:
     fabric, tuner, work, progress, method = host.fabric, host.tuner, host.work, host.progress, host.method
     device = fabric.device
     weights = None if class_weights is None else class_weights.to(device)
@@ -70,7 +81,9 @@ def train_unit(host: Host, clients: list[ClientState], round_idx: int, optimizer
     names = tuple(tuner.trained_names(clients[0].pieces))  # the optimizer's order
     on_device = [c.on(device) for c in clients]  # the round's start, and the method's state, moved once
     pieces = [{n: t.detach().clone().requires_grad_(n in names) for n, t in c.pieces.items()} for c in on_device]
-    optimizers = [client_optimizer(host, round_idx, state, [p[n] for n in names], optim)
+    declared = method.pieces()
+    scales = [declared[n].lr_scale for n in names]
+    optimizers = [client_optimizer(host, round_idx, state, [p[n] for n in names], optim, scales)
                   for p, state in zip(pieces, optimizer_states)]
     generators = [client_generator(work.seed, c.client_id, round_idx) for c in clients]  # each its own data order
     selected = [c.train_indices[c.pseudo_labels.indices.numpy()] for c in clients]  # rows of the train split

@@ -180,6 +180,10 @@ ADDED_SETTINGS = {
     "evaluation.new_clients": 0,
     "evaluation.new_client_epochs": None,
     "evaluation.new_client_labels": "arrival",
+    "optim.cosine_epochs": None,
+    "model.ctx_suffix": "",
+    "optim.warmup_epochs": 0,
+    "optim.warmup_lr": 1e-5,
 }
 
 

@@ -59,7 +59,8 @@ def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, 
             uploads[name] = host.collectives.sum_clients(pieces, host.num_clients, like, weights > 0, what)
         else:
             uploads[name] = host.gather(pieces, like=like, what=what)
-    result = method.aggregate(ServerRound(number, rounds, uploads, weights, dict(server.shared), dict(server.method)))
+    result = method.aggregate(ServerRound(number, rounds, uploads, weights, dict(server.shared), dict(server.method),
+                                          host.training))
     if not isinstance(result, Aggregated):
         raise PluginError(f"{type(method).__name__}.aggregate must return fedur.methods.Aggregated(shared, state, metrics), "
                         f"not {type(result).__name__}")

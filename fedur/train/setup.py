@@ -89,7 +89,7 @@ def setup(
     truth = Truth(dataset.train.labels, record)
     dataset.train = dataset.train.without_labels()  # from here on, training cannot read a true train label
     model = PromptedCLIP(clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
-                         cfg.model.ctx_init_std, cfg.run.seed)
+                         cfg.model.ctx_init_std, cfg.run.seed, cfg.model.ctx_suffix)
     model.shared_prefix_text = cfg.model.shared_prefix_text
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     start = initial_values(method.pieces(), model, cfg.run.seed)  # every client starts from these, held on the CPU

@@ -20,11 +20,11 @@ def quadratic_targets(num_clients: int) -> list[torch.Tensor]:
     return [torch.randn(SHAPE, generator=generator, dtype=torch.float64) for _ in range(num_clients)]
 
 
-def textbook_scaffold(targets, x, rounds, steps, lr, server_lr, participants):
+def textbook_scaffold(targets, x, rounds, steps, lr, server_lr, participants, federation=None):
     """Karimireddy et al. 2020, Algorithm 1 with option II, on f_k(y) = |y - a_k|^2 / 2 (gradient y - a_k):
     y <- y - lr (g(y) - c_k + c); c_k+ = c_k - c + (x - y) / (K lr); x <- x + server_lr * mean(dy);
-    c <- c + |S| / N * mean(dc) over the participants S."""
-    n = len(targets)
+    c <- c + |S| / N * mean(dc) over the participants S, N the federation's clients (`federation`; default: all)."""
+    n = len(targets) if federation is None else federation
     c, cs = torch.zeros_like(x), [torch.zeros_like(x) for _ in targets]
     for r in range(rounds):
         dys, dcs = [], []
@@ -41,14 +41,19 @@ def textbook_scaffold(targets, x, rounds, steps, lr, server_lr, participants):
     return x, c, cs
 
 
-def fedur_scaffold(method, targets, x, rounds, steps, lr, participants):
+def fedur_scaffold(method, targets, x, rounds, steps, lr, participants, training=None):
     """The same through fedur's hooks, in the round loop's order: before_step between backward and the
-    optimizer's step, after_step after it; upload with the LocalRound; aggregate; every client downloads."""
+    optimizer's step, after_step after it; upload with the LocalRound; aggregate (`training`: the federation's
+    clients, as the round loop hands it); every client downloads. The clients' selected pseudo-label counts differ,
+    and the method's own weighting (`client_weights`) weighs their uploads, as in the round loop."""
     n = len(targets)
     clients = [ClientState(k, np.arange(2), np.arange(2), {"visual": x.clone(), "text_ctx": torch.zeros(0)}) for k in range(n)]
     shared, state = {"visual": x.clone()}, {}
+    selected = torch.arange(1, n + 1, dtype=torch.float64) * 7  # unequal |D~_k|
     for r in range(rounds):
-        weights = torch.zeros(n, dtype=torch.float64)
+        joined = torch.zeros(n, dtype=torch.float64)
+        joined[participants[r]] = 1.0
+        weights = method.client_weights(selected, selected) * joined
         uploads = {name: torch.zeros(n, *SHAPE, dtype=torch.float64) for name in ("visual", "dc_visual")}
         for k in participants[r]:
             client = clients[k]
@@ -66,8 +71,7 @@ def fedur_scaffold(method, targets, x, rounds, steps, lr, participants):
             sent = method.upload(client, None, LocalRound(start, steps, steps * lr))
             for name in uploads:
                 uploads[name][k] = sent[name]
-            weights[k] = 1.0
-        result = method.aggregate(ServerRound(r + 1, rounds, uploads, weights, shared, state))
+        result = method.aggregate(ServerRound(r + 1, rounds, uploads, weights, shared, state, training))
         shared, state = result.shared, result.state
         for client in clients:
             method.download(client, shared, state)
@@ -80,7 +84,7 @@ def test_scaffold_through_the_hooks_is_algorithm_1_with_plain_sgd(server_lr):
     x0 = torch.zeros(SHAPE, dtype=torch.float64)
     participants = [[0, 1, 2], [0, 2], [1, 2]]  # a client that sits a round out keeps its c_k
     expected = textbook_scaffold(targets, x0, 3, 4, 0.1, server_lr, participants)
-    method = SCAFFOLD(server_lr=server_lr, weighting="uniform")
+    method = SCAFFOLD(server_lr=server_lr)  # its default weighting: uniform, Algorithm 1's mean
     x, c, cs, metrics = fedur_scaffold(method, targets, x0, 3, 4, 0.1, participants)
     torch.testing.assert_close(x, expected[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(c, expected[1], rtol=1e-12, atol=1e-12)
@@ -88,6 +92,33 @@ def test_scaffold_through_the_hooks_is_algorithm_1_with_plain_sgd(server_lr):
         torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
     assert metrics["control_norm_visual"] == pytest.approx(float(expected[1].norm()))
     assert float(c.norm()) > 0.1  # the control variates are not trivially zero
+
+
+def test_scaffold_counts_the_federations_clients_not_the_new_ones_held_out():
+    """N in c's step is the federation's: with client 3 held out of every round (evaluation.new_clients), Algorithm 1
+    over the three that train; and a new client that adapts alone corrects by c (its c_k = 0), or with
+    new_clients 'none' takes plain steps."""
+    targets = quadratic_targets(4)
+    x0 = torch.zeros(SHAPE, dtype=torch.float64)
+    participants = [[0, 1, 2], [0, 2], [1, 2]]
+    expected = textbook_scaffold(targets[:3], x0, 3, 4, 0.1, 1.0, participants)
+    training = torch.tensor([True, True, True, False])
+    x, c, cs, _ = fedur_scaffold(SCAFFOLD(), targets, x0, 3, 4, 0.1, participants, training)
+    torch.testing.assert_close(x, expected[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(c, expected[1], rtol=1e-12, atol=1e-12)
+    counted_all = textbook_scaffold(targets, x0, 3, 4, 0.1, 1.0, participants)  # N = 4: each step of c 3/4 as large
+    assert not torch.allclose(c, counted_all[1], atol=1e-6)
+
+    for setting, corrected in (("control", True), ("none", False)):
+        method = SCAFFOLD(new_clients=setting)
+        state = {"c_visual": c, "federation": training}
+        new = ClientState(3, np.arange(2), np.arange(2), {"visual": x.clone(), "text_ctx": torch.zeros(0)})
+        method.download(new, {"visual": x}, state)
+        y = x.clone().requires_grad_()
+        (0.5 * (y - targets[3]).pow(2).sum()).backward()
+        plain = y.grad.clone()
+        method.before_step(LocalStep(new, {"visual": y}, ("visual",), 0, 0, 0.1, torch.optim.SGD([y], lr=0.1)))
+        torch.testing.assert_close(y.grad, plain + c if corrected else plain)
 
 
 def test_scaffold_without_the_correction_would_not_match():

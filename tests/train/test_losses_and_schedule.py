@@ -77,3 +77,70 @@ def test_the_constant_schedule_keeps_the_peak_rate(tiny_clip):
             assert optimizer.param_groups[0]["lr"] == pytest.approx(0.003)
             optimizer.step()
             scheduler.step()
+
+
+class ConstantWarmupScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """Dassl's constant warm-up around a successor (PanBikang/PromptFolio @ 8f729aa,
+    Dassl/dassl/optim/lr_scheduler.py L10-54), transcribed."""
+
+    def __init__(self, optimizer, successor, warmup_epoch, cons_lr, last_epoch=-1):
+        self.successor, self.warmup_epoch, self.cons_lr = successor, warmup_epoch, cons_lr
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self.last_epoch >= self.warmup_epoch:
+            return self.successor.get_last_lr()
+        return [self.cons_lr for _ in self.base_lrs]
+
+    def step(self, epoch=None):
+        if self.last_epoch >= self.warmup_epoch:
+            self.successor.step(epoch)
+            self._last_lr = self.successor.get_last_lr()
+        else:
+            super().step(epoch)
+
+
+def promptfolio_rates(lr: float, epochs: int, t_max: int, warmup: int, cons_lr: float) -> list[float]:
+    """The learning rate of each local epoch under PromptFolio's released schedule (build_lr_scheduler L83-150:
+    CosineAnnealingLR(T_max = MAX_EPOCH) in Dassl's constant warm-up, WARMUP_RECOUNT True; `update_lr` once per local
+    epoch, trainers/PromptFolio.py L352-353, never reset), one client's epochs in a row."""
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    scheduler = ConstantWarmupScheduler(optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, float(t_max)),
+                                        warmup, cons_lr)
+    rates = []
+    for _ in range(epochs):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 2])
+def test_a_cosine_never_restarted_is_torchs_cosine_annealing_in_dassls_warm_up(tiny_clip, warmup):
+    """optim.cosine_epochs T (with optim.warmup_epochs): the rates of a client's local epochs over the rounds are those
+    of PromptFolio's scheduler stepped through them (T = 5, 5 local epochs a round: the cosine falls to 0 within a
+    round and rises again in the next), whatever the refresh period."""
+    from fedur.labels.fpl import FPL
+    from fedur.methods.promptfolio import PromptFolio
+    from fedur.model.classifier import PromptedCLIP
+    from fedur.train.module import Optimization
+
+    model = PromptedCLIP(tiny_clip, ["cat", "dog"], n_ctx=2, visual_tokens=0, visual_depth=None, init_std=0.02, seed=1)
+    tuner = PromptTuner(model, PromptFolio(), FPL())
+    optim = Optimization(lr=0.002, local_epochs=5, refresh_every=5, cosine_epochs=5, warmup_epochs=warmup, warmup_lr=1e-5)
+    rates = []
+    for round_idx in range(4):
+        optimization = tuner.configure_optimizers([torch.zeros(2, requires_grad=True)], round_idx, optim)
+        optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+        for _ in range(5):
+            rates.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+    expected = promptfolio_rates(0.002, 20, 5, warmup, 1e-5) if warmup else promptfolio_rates(0.002, 20, 5, 0, 0.0)
+    assert rates == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    rising = rates[warmup + 5: warmup + 10]  # after T epochs the cosine is at 0 and rises again
+    assert rising[0] == pytest.approx(0.0, abs=1e-12) and rising == sorted(rising) and rising[-1] > 0.0017
+    restarting = Optimization(lr=0.002, local_epochs=5, refresh_every=5)  # FedUR's: one cosine over 25 epochs
+    fifth = tuner.configure_optimizers([torch.zeros(2, requires_grad=True)], 4, restarting)["optimizer"].param_groups[0]["lr"]
+    assert fifth == pytest.approx(0.002 * 0.5 * (1 + math.cos(math.pi * 20 / 25)))  # <= 22% of the rate in round 5
+    assert fifth <= 0.22 * 0.002
