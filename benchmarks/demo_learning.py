@@ -52,6 +52,19 @@ DIAGNOSTICS = {
     "fedpgp-mu0": ["--method", "FedPGP", "--method.mu", "0"],
     # FedPGP given twice the demo's rounds: its contrastive term costs accuracy in the first rounds
     "fedpgp-10-rounds": ["--method", "FedPGP", "--federation.rounds", "10"],
+    # FedTPG at its demo preset but with each of the two settings its preset's review changed put back: every client
+    # conditioning on every class (--method.classes all), and SGD momentum reset every round
+    "fedtpg-classes-all": ["--method", "FedTPG", "--config", str(PRESETS / "fedtpg.yaml"), "--method.classes", "all"],
+    "fedtpg-momentum-reset": ["--method", "FedTPG", "--config", str(PRESETS / "fedtpg.yaml"), "--optim.optimizer_state", "reset"],
+    # SCAFFOLD at its demo preset with FedUR's weighting (selected pseudo-labels) instead of Algorithm 1's mean
+    "scaffold-selected": ["--method", "SCAFFOLD", "--config", str(PRESETS / "scaffold.yaml"), "--method.weighting", "selected"],
+    # FedPHA at its demo preset but pseudo-labelling every round, the demo's (its preset fixes its labels)
+    "fedpha-refresh-every-round": ["--method", "FedPHA", "--config", str(PRESETS / "fedpha.yaml"), "--federation.refresh_every", "1"],
+    # FedCoCoOp at the demo's batch 32 and from a random context (its demo preset takes CoCoOp's batch of 1 and its
+    # "a photo of a"), and at batch 1 from a random context
+    "fedcocoop-batch32": ["--method", "FedCoCoOp", "--config", str(PRESETS / "fedcocoop.yaml"), "--optim.batch_size", "32",
+                          "--method.ctx_init", "null"],
+    "fedcocoop-random-context": ["--method", "FedCoCoOp", "--config", str(PRESETS / "fedcocoop.yaml"), "--method.ctx_init", "null"],
 }
 ALL = {**VARIANTS, **DIAGNOSTICS}
 

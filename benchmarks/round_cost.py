@@ -24,6 +24,8 @@ all blocks but the last), on random images already on the device:
             both and their ratio. And each run's time before round 1 as summary.json's `startup_seconds` splits
             it (imports, setup, zero_shot, other, total; null in the JSON, "not recorded" in the Markdown, where
             the fedur that ran does not write it)
+  methods   (not in the default --parts) whole runs as `round`'s, one per method (every one with rounds, or
+            --methods), FedUR first: each method's round and phases in seconds and its round's ratio to FedUR's
 
 What a client trains is the method's: FedUR's pieces (a deep visual prompt, a text context, their declared
 initial values) and its hooks for the text side and the logits, as the round loop uses them.
@@ -38,6 +40,7 @@ figure is a median. Precision: fp32 on CPU, bf16 autocast on CUDA (as fedur's `f
     python benchmarks/round_cost.py --smoke --parts text,train,eval,bytes      # does it run: seconds, no measurement
     python benchmarks/round_cost.py --models fedur-tiny,fedur-demo             # every part, a few minutes
     python benchmarks/round_cost.py --device cuda                              # see benchmarks/gpu_round_cost.sh
+    python benchmarks/round_cost.py --parts methods --models ViT-B-32          # every method's round beside FedUR's
 
 Results go to <out>/<device>[-quick|-smoke].json and .md (default out: benchmarks/results/round_cost/). With
 --merge, an invocation adds to the JSON already there (parts measured in several shorter runs); the
@@ -453,7 +456,7 @@ def prompted_logits(model: PromptedCLIP, images: torch.Tensor, pieces: dict[str,
 
 
 def run_round(bench: Bench, name: str, train_images: int, shared: bool, results: dict, ranks: int = 1,
-              clients_per_step: int = 1, global_model: bool = True) -> dict:
+              clients_per_step: int = 1, global_model: bool = True, method: str | None = None) -> dict:
     """One `python -m fedur.main` run on generated shapes (under `fabric run --devices ranks` for several ranks);
     its rounds against their compute floor, and its time before round 1 (summary.json's startup_seconds: None
     where the fedur that ran does not record it). `global_model`: evaluation.global_model, the server's model
@@ -483,7 +486,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         "--fabric.accelerator", bench.device.type, "--fabric.devices", str(ranks),
         "--fabric.precision", "bf16-mixed" if bench.bf16 else "32-true",
         "--run.output_dir", str(run_dir), "--run.progress", "false", "--run.clients_per_step", str(clients_per_step),
-        "--evaluation.global_model", str(global_model).lower(),
+        "--evaluation.global_model", str(global_model).lower(), *(["--method", method] if method else []),
     ]
     if bench.device.type != "cuda":
         cmd += ["--run.threads", str(torch.get_num_threads())]
@@ -526,7 +529,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         "command": shown, "model": name, "classes": classes, "clients": args.round_clients, "train_images": n_train,
         "test_images": n_test, "shared_prefix_text": shared, "ranks": ranks, "clients_per_step": clients_per_step,
         "global_model": global_model, "process_wall_seconds": wall, "rounds": rounds, "startup_seconds": startup,
-        "per_image_cost": costs,
+        "per_image_cost": costs, "method": method or "FedUR",
     }
 
 
@@ -722,7 +725,40 @@ def markdown(results: dict) -> str:
         for key in sorted(runs):
             lines.append(f"- `{runs[key].get('command', key + ' (failed before its run started)')}`")
         lines.append("")
+    lines += methods_table(results.get("methods", {}))
     return "\n".join(lines)
+
+
+def methods_table(runs: dict) -> list[str]:
+    """Each method's whole rounds against FedUR's in the same configuration (the `methods` part): the median over the
+    rounds after the first (the first pseudo-labels with zero-shot CLIP) of the round and of its phases, in seconds,
+    and the round's ratio to FedUR's."""
+    if not runs:
+        return []
+
+    def median_phase(run: dict, phase: str | None) -> float | None:
+        rows = run["rounds"][1:] or run["rounds"]
+        values = [r["round_seconds"] if phase is None else (r.get("phase_seconds") or {}).get(phase) for r in rows]
+        values = sorted(v for v in values if v is not None)
+        return values[len(values) // 2] if values else None
+
+    lines = ["", "## Each method's round against FedUR's", "",
+             "Whole runs of `python -m fedur.main` in the same configuration as the rounds above (`--parts methods`; "
+             "each method with its own labeller and default settings, its command below), one after another; seconds "
+             "are medians over the rounds after the first. A method's round is what it computes: its towers' passes "
+             "(CoCoOp encodes every class prompt per image, pFedMoAP its experts' class prompts, MaPLe and PromptSRC "
+             "prompt both towers), its loss terms, the server's model if it has one of its own.", "",
+             "| method | round s | refresh s | train s | aggregate s | evaluate s | x FedUR (round) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    base = next((run for run in runs.values() if run.get("method") == "FedUR" and "error" not in run), None)
+    for key, run in runs.items():
+        if "error" in run:
+            lines.append(f"| {key.split('|')[-1]} | failed: {run['error'].strip().splitlines()[-1][:120]} | | | | | |")
+            continue
+        cells = [median_phase(run, p) for p in (None, "refresh", "train", "aggregate", "evaluate")]
+        ratio = f"x{cells[0] / median_phase(base, None):.2f}" if base else "n/a"
+        lines.append(f"| {run['method']} | " + " | ".join("" if c is None else f"{c:.2f}" for c in cells) + f" | {ratio} |")
+    lines += ["", "Commands:", ""] + [f"- `{run['command']}`" for run in runs.values() if "command" in run] + [""]
+    return lines
 
 
 def global_evaluation(runs: dict) -> dict[str, list[dict]]:
@@ -887,6 +923,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--round-clients-per-step", default="1",
                         help="run.clients_per_step of the whole-round runs (list; on 1 rank)")
     parser.add_argument("--round-rounds", type=int, default=2)
+    parser.add_argument("--methods", default="all", help="the `methods` part's methods (class names, FedUR first; all: "
+                        "every method with rounds)")
     parser.add_argument("--round-global", default="on,off",
                         help="evaluation.global_model of the whole-round runs (list): each configuration runs once per value")
     parser.add_argument("--n-ctx", type=int, default=16)
@@ -1050,6 +1088,28 @@ def main(argv: list[str] | None = None) -> int:
                                       f"({time.perf_counter() - tick:.0f} s)", flush=True)
                         results["global_evaluation"] = global_evaluation(results.get("round", {}))
                         save()
+    if "methods" in parts:
+        from fedur import plugins
+
+        names = ([cls.__name__ for cls in plugins.builtin("method") if cls().rounds(1)] if args.methods == "all"
+                 else args.methods.split(","))
+        names = ["FedUR", *[n for n in names if n != "FedUR"]]
+        model = (args.round_models or args.models).split(",")[0]
+        n_images = int(args.round_images.split(",")[0])
+        for method in names:
+            tick = time.perf_counter()
+            try:
+                run = run_round(bench, model, n_images, True, results, method=method)
+            except Exception as err:  # recorded and reported; the other methods still run
+                run = {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}", "method": method}
+            results.setdefault("methods", {})[f"{model}|{n_images}|{method}"] = run
+            if "error" in run:
+                failures.append(f"methods {method}: {run['error'].strip().splitlines()[-1]}")
+                print(f"methods {method}: FAILED\n{run['error']}", flush=True)
+            else:
+                print(f"methods {method}: round s {[r['round_seconds'] for r in run['rounds']]} "
+                      f"({time.perf_counter() - tick:.0f} s)", flush=True)
+            save()
     save()
     print(f"wrote {json_path} and {md_path}")
     if failures:  # the report holds what was measured; the exit status says that something was not

@@ -7,6 +7,7 @@ every key and its range, `--print_config` prints the resolved settings.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import sys
@@ -75,9 +76,9 @@ def class_description(cls: type) -> str | None:
     return None
 
 
-def build_parser(docs: bool = True) -> Parser:
+def build_parser(docs: bool = True, method: type | None = None) -> Parser:
     """The parser; `docs`: each setting's help from the docstring under its field (read from the source files, a
-    third of a second: what --help shows; parsing needs none)."""
+    third of a second: what --help shows; parsing needs none); `method`: the default method class (FedUR)."""
     from fedur.data.datasets import ImageFolder
     from fedur.methods import FedUR
 
@@ -94,7 +95,7 @@ def build_parser(docs: bool = True) -> Parser:
         "--check_data", action="store_true",
         help="Check the dataset's layout, print its image counts per split, class and domain, and exit without training.",
     )
-    defaults = {"method": lazy_instance(FedUR), "labeller": None, "dataset": lazy_instance(ImageFolder)}
+    defaults = {"method": lazy_instance(method or FedUR), "labeller": None, "dataset": lazy_instance(ImageFolder)}
     for kind in PLUGINS:
         base = plugins.base_class(kind)
         parser.add_argument(f"--{kind}", type=base | None if defaults[kind] is None else base, default=defaults[kind],
@@ -113,11 +114,15 @@ def parse_config(argv: list[str] | None = None, parser: ArgumentParser | None = 
 def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = None) -> tuple[Config, Namespace]:
     """`parse_config`'s Config and the whole namespace (with --check_data)."""
     given = sys.argv[1:] if argv is None else argv
-    parser = parser or build_parser(docs=any("help" in arg or "print_config" in arg for arg in given))
-    try:
-        namespace = parser.parse_args(argv)
-    except ArgumentError as err:
-        raise CommandLineError(explain(str(err), sys.argv[1:] if argv is None else argv)) from err
+    docs = any("help" in arg or "print_config" in arg for arg in given)
+    parser = parser or build_parser(docs=docs)
+    namespace = parse_namespace(parser, argv)
+    # jsonargparse carries the arguments of the default method over to the method a command names (`--method SCAFFOLD`
+    # after FedUR's defaults: FedUR's `weighting`), so a method's own defaults would be lost: parsed again with the
+    # named method as the default, every argument not given is its own.
+    chosen = plugins.by_path("method", namespace["method"]["class_path"])
+    if chosen is not plugins.by_path("method", parser.get_defaults()["method"]["class_path"]):
+        namespace = parse_namespace(parser_with_default(docs, chosen), argv)
     keys = (*PLUGINS, *GROUPS)
     resolved = Namespace({name: namespace[name] for name in keys})
     objects = instantiate(parser, resolved)
@@ -133,6 +138,19 @@ def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = No
         for field in fields(group):
             setattr(group, field.name, _plain_number(getattr(group, field.name)))
     return Config(**{name: objects[name] for name in keys}, plugins=given), namespace
+
+
+@functools.lru_cache(maxsize=8)
+def parser_with_default(docs: bool, method: type) -> Parser:
+    """build_parser's parser with `method` the default method (built once per class in a process)."""
+    return build_parser(docs=docs, method=method)
+
+
+def parse_namespace(parser: ArgumentParser, argv: list[str] | None) -> Namespace:
+    try:
+        return parser.parse_args(argv)
+    except ArgumentError as err:
+        raise CommandLineError(explain(str(err), sys.argv[1:] if argv is None else argv)) from err
 
 
 def instantiate(parser: ArgumentParser, resolved: Namespace) -> Namespace:

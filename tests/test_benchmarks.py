@@ -130,6 +130,18 @@ def test_round_cost_whole_rounds_run_with_the_global_model_on_and_off(tmp_path):
     assert "### Evaluation with the global protocol on and off" in (tmp_path / "cpu-smoke.md").read_text()
 
 
+@pytest.mark.slow  # starts two fedur processes
+def test_round_cost_methods_part_puts_each_methods_round_beside_fedurs(tmp_path):
+    code = exit_code(benchmark("round_cost").main, ["--smoke", "--parts", "methods", "--methods", "FedMaPLe",
+                                                     "--out", str(tmp_path)])
+    assert code == 0
+    results = json.loads((tmp_path / "cpu-smoke.json").read_text())
+    assert [run["method"] for run in results["methods"].values()] == ["FedUR", "FedMaPLe"]  # FedUR first, the base
+    text = (tmp_path / "cpu-smoke.md").read_text()
+    assert "## Each method's round against FedUR's" in text and "| FedUR |" in text and "x1.00 |" in text
+    assert "--method FedMaPLe" in text
+
+
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_gpu_round_cost_script_passes_round_cost_only_flags_it_takes(tmp_path, device):
     script = BENCHMARKS / "gpu_round_cost.sh"

@@ -290,3 +290,17 @@ def test_a_run_records_what_computed_it(finished_run):
     # on a GPU: the CUDA torch was built with and the device's name (a stub names it here)
     gpu = software_environment(torch.device("cuda", 3), {}, device_name=lambda d: f"GPU {d.index}")
     assert (gpu["device"], gpu["cuda"]) == ("GPU 3", torch.version.cuda)
+
+
+def test_a_method_named_on_the_command_line_keeps_its_own_defaults():
+    """jsonargparse carries the default method's arguments over to the one a command names; fedur parses again so
+    that what is not given is the named method's own (SCAFFOLD's uniform weighting, Algorithm 1's mean), while what is
+    given, before or after the name, stays."""
+    from fedur.cli import parse_config
+
+    smoke = ["--config", "configs/smoke.yaml"]
+    assert parse_config([*smoke, "--method", "SCAFFOLD"]).method.weighting == "uniform"
+    assert parse_config([*smoke, "--method.weighting", "data", "--method", "SCAFFOLD"]).method.weighting == "data"
+    assert parse_config([*smoke, "--method", "SCAFFOLD", "--method.weighting", "selected"]).method.weighting == "selected"
+    assert parse_config([*smoke, "--config", "configs/presets/demo/scaffold.yaml"]).method.weighting == "uniform"
+    assert parse_config(smoke).method.weighting == "selected"  # FedUR's

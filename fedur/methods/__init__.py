@@ -19,8 +19,8 @@ from fedur.methods.base import (
 )
 from fedur.methods.cocoop import FedCoCoOp
 from fedur.methods.fedotp import FedOTP
-from fedur.methods.fedpha import FedPHA
 from fedur.methods.fedpgp import FedPGP
+from fedur.methods.fedpha import FedPHA
 from fedur.methods.fedtpg import FedTPG
 from fedur.methods.fedur import FedCoPL, FedUR
 from fedur.methods.gdau import GDAU
@@ -38,6 +38,7 @@ from fedur.methods.zeroshot import ZeroShot
 __all__ = [
     "Aggregated", "ClientData", "ClientSide", "FedCoCoOp", "FedCoPL", "FedKgCoOp", "FedMaPLe", "FedOTP", "FedPGP", "FedPHA",
     "FedPromptSRC", "FedTPG", "FedUR", "GDAU", "GlobalModel",
-    "GlobalView", "LocalBatch", "LocalRound", "LocalStep", "Method", "PFedMoAP", "PFedPrompt", "Piece", "PromptFL", "PromptFolio", "PromptProx",
+    "GlobalView", "LocalBatch", "LocalRound", "LocalStep", "Method", "PFedMoAP", "PFedPrompt", "Piece", "PromptFL", "PromptFolio",
+    "PromptProx",
     "SCAFFOLD", "ServerRound", "ServerSide", "ZeroShot", "local_text_context", "text_context", "visual_prompt",
 ]

@@ -76,7 +76,8 @@ class LocalStep:
     trained: tuple[str, ...]  # the names of the pieces the optimizer steps
     step: int  # the client's optimizer steps before this one in the round (from 0)
     epoch: int  # the local epoch (from 0)
-    lr: float  # this step's learning rate (the schedule's, as the optimizer applies it)
+    lr: float  # this step's learning rate (the schedule's, as the optimizer applies it; of its first piece, where the
+    # pieces train at rates of their own: Piece.lr_scale)
     optimizer: torch.optim.Optimizer
 
 

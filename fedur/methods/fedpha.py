@@ -4,7 +4,8 @@ server, and a local one each client keeps. A client classifies with its local pr
 prompt is also projected onto the global prompt's right-singular directions but its top int(n_ctx (1 - ratio)) ones,
 P = V2 V2^T (the SVD of the global prompt, the gradient flowing through it), and
 
-    L = CE(local logits) + CE(global logits) + pull_weight mse(T_local, T_projected) + push_weight mean_c relu(alpha - |T_local,c - T_global,c|)
+    L = CE(local logits) + CE(global logits) + pull_weight mse(T_local, T_projected)
+        + push_weight mean_c relu(alpha - |T_local,c - T_global,c|)
 
 over the unit-norm class features T of the local, the global and the projected local prompt (the global logits:
 CLIP's scale x cos(image, T_global)). Both CEs are the labeller's loss here.

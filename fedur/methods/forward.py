@@ -1,14 +1,15 @@
 """A method's forward for several clients at once (run.clients_per_step), decided from the method's class.
 
-Where a class keeps the base's `text_side` (the class features of the client's text context), the group's
-contexts go through the text tower in one pass; where it keeps the base's `logits` (CLIP's scale x cos(image
-features with the client's visual prompt, the client's class features)), the group's images go through the image
-tower in one pass, each with its own client's visual prompt, whatever its `text_side`. Anything a class writes of
-its own is called once per client. Both are equal to the per-client calls up to rounding, a client alone exactly;
-nothing is declared: a method with its own `logits` is right in a group because it is never fused.
+Where a class keeps the base's `text_side` (the class features of the client's text context, with its deep text
+prompts where it has them), the group's contexts go through the text tower in one pass; where it keeps the base's
+`logits` (CLIP's scale x cos(image features with the client's visual prompt, the client's class features)), the
+group's images go through the image tower in one pass, each with its own client's visual prompt, whatever its
+`text_side`. Anything a class writes of its own is called once per client. Both are equal to the per-client calls up
+to rounding, a client alone exactly; nothing is declared: a method with its own `logits` is right in a group because
+it is never fused.
 
-The same reading of the class tells the evaluation when two models score the same image features
-(`image_side`): the base's logits read the images only through the visual prompt.
+The same reading of the class tells the evaluation when two models score the same image features (`image_side`): the
+base's logits read the images only through the visual prompt.
 """
 
 from __future__ import annotations

@@ -29,6 +29,11 @@ at most num_experts clients]; they are the bank's at the end of the previous rou
 client a prompt trained earlier in the same round); each client's gate starts from one init (the released loop's
 first-round gates are inherited from the client before); each client has its own SGD and schedule, the gate's rate
 `gate_lr_ratio` x the prompt's under the same schedule (the released gate's is constant) [guess]; float32 (fp16 there).
+A client is tested (and pseudo-labels) after the round's download, as every fedur method: with its own last prompt,
+its gate and the experts it will train with next round (the released loop tests a client that trained right after
+training, with the experts it trained with; one that sat out with fresh ones, as here). Without an expert the logits
+are the local ones alone, and the gate's gradient is zero (weight decay still acts on it; the released gate is not in
+the graph then).
 docs/reference-parity.md lists every difference.
 """
 
@@ -89,7 +94,7 @@ class PFedMoAP(Method):
         self.num_experts, self.lam, self.scaling = int(num_experts), float(lam), float(scaling)
         self.gate_dim, self.gate_heads, self.gate_lr_ratio = gate_dim, int(gate_heads), float(gate_lr_ratio)
         self.selection, self.eval_prompt = selection, eval_prompt
-        self._expert_memo: dict[int, tuple[weakref.ref, int, Tensor]] = {}  # a pass's experts' features
+        self._expert_memo: dict[tuple[int, int], tuple] = {}  # a pass's experts' features, per model
 
     def pieces(self) -> dict[str, Piece]:
         slots, dim, heads, scale = self.num_experts - 1, self.gate_dim, self.gate_heads, self.gate_lr_ratio
@@ -153,12 +158,13 @@ class PFedMoAP(Method):
     def expert_features(self, model: PromptedCLIP, experts: Tensor) -> Tensor:
         """(E - 1, C, D) the experts' class features, one pass for all; computed once per tensor of experts (a client's
         round, a pass: the same tensor until the next download, as the original computes them once per download)."""
-        hit = self._expert_memo.get(id(experts))
-        if hit is not None and hit[0]() is experts and hit[1] == experts._version:
-            return hit[2]
+        key = (id(experts), id(model))  # the model too: the server's model is also asked over other classes
+        hit = self._expert_memo.get(key)
+        if hit is not None and hit[0]() is experts and hit[1]() is model and hit[2] == experts._version:
+            return hit[3]
         features = model.text_features(experts) if len(experts) else experts.new_zeros(0, model.num_classes, model.feature_dim)
         self._expert_memo = {k: v for k, v in self._expert_memo.items() if v[0]() is not None}  # drop dead tensors' entries
-        self._expert_memo[id(experts)] = (weakref.ref(experts), experts._version, features)
+        self._expert_memo[key] = (weakref.ref(experts), weakref.ref(model), experts._version, features)
         return features
 
 

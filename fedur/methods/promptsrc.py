@@ -46,8 +46,8 @@ from fedur.federated.client import ClientState
 from fedur.labels import FPL, Labeller
 from fedur.methods.base import Aggregated, GlobalModel, GlobalView, LocalBatch, Method, ServerRound
 from fedur.methods.pieces import Piece, deep_text_prompts, text_context
-from fedur.model.prompts import init_prompt
 from fedur.model.precision import full_precision
+from fedur.model.prompts import init_prompt
 
 if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
     from fedur.model.classifier import PromptedCLIP

@@ -69,7 +69,8 @@ def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens:
     grouped = embeddings.dim() == 4
     n_groups, n_cls, length, width = embeddings.shape if grouped else (1, *embeddings.shape)
     if deep is not None and deep.shape[-2] >= n_shared:
-        raise ValueError(f"deep text prompts of {deep.shape[-2]} tokens do not fit a shared prefix of {n_shared}")  # internal: PromptedCLIP checks them
+        # internal: PromptedCLIP.check_deep_text refuses them first
+        raise ValueError(f"deep text prompts of {deep.shape[-2]} tokens do not fit a shared prefix of {n_shared}")  # internal: see above
     reason = _unsupported(clip_model, n_shared, length)
     if reason is not None:
         if reason not in _WARNED:

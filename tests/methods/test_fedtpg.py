@@ -189,3 +189,17 @@ def test_a_training_client_conditions_on_and_classifies_among_its_own_classes(ti
     torch.testing.assert_close(own[:, mine], expected[:, mine])
     assert not torch.allclose(own[:, mine], everywhere[:, mine])  # another context than every class's
     torch.testing.assert_close(every, everywhere)  # 'all': as in evaluation
+
+
+def test_fedtpgs_presets_keep_each_clients_sgd_across_rounds():
+    """The original builds each client's SGD once (federated/client.py L86-88) and copies the global weights into its
+    model in place (L121-122): its momentum survives from round to round, optim.optimizer_state client, in the
+    published preset and the demo one; and it averages uniformly."""
+    import yaml
+
+    from fedur import plugins
+
+    for path in (plugins.configs_dir() / "presets" / "fedtpg.yaml", plugins.demo_preset(FedTPG)):
+        preset = yaml.safe_load(path.read_text())
+        assert preset["optim"]["optimizer_state"] == "client", path
+        assert preset["method"]["init_args"]["weighting"] == "uniform", path

@@ -481,8 +481,10 @@ def federated_rounds(method, rounds, model, clients=3, seed=0):
     return averages, server, downloaded, metrics
 
 
-def normal_pdf(x, mean, std):
-    return float(np.exp(-0.5 * ((x - mean) / std) ** 2) / (std * np.sqrt(2 * np.pi)))
+def get_gauss(mu, sigma):
+    """PromptSRC's `get_gauss` (L358-360): the normal pdf."""
+    gauss = lambda x: (1 / (sigma * np.sqrt(2 * np.pi))) * np.exp(-0.5 * ((x - mu) / sigma) ** 2)  # noqa: E731
+    return gauss
 
 
 @pytest.mark.parametrize(("rounds", "mean", "std"), [(20, 0.75, 0.05), (7, 0.5, 0.3)])  # PromptSRC's 15 and 1 of 20 epochs
@@ -492,7 +494,7 @@ def test_gpa_is_the_gaussian_weighted_average_of_the_rounds(tiny_clip, rounds, m
     Gaussian ensemble over R epochs; the clients download the plain FedAvg."""
     model = PromptedCLIP(tiny_clip, NAMES, 4, 4, None, 0.02, seed=3)
     averages, server, downloaded, metrics = federated_rounds(FedPromptSRC(gpa_mean=mean, gpa_std=std), rounds, model)
-    pdf = [normal_pdf(r, mean * rounds, std * rounds) for r in range(1, rounds + 1)]
+    pdf = [float(get_gauss(mean * rounds, std * rounds)(r)) for r in range(1, rounds + 1)]  # unnormalised
     for r in range(rounds):
         mass = sum(pdf[: r + 1])
         assert metrics[r]["gpa_mass"] == pytest.approx(mass, rel=1e-9)
@@ -504,8 +506,8 @@ def test_gpa_is_the_gaussian_weighted_average_of_the_rounds(tiny_clip, rounds, m
 
     # PromptSRC's own accumulation (L262-270, L320-335), epochs read as rounds: get_gauss, normalised over the N
     # epochs, each epoch's state weighted and added; after the last epoch the model is that sum.
-    gauss_fn = lambda x: (1 / (std * rounds * np.sqrt(2 * np.pi))) * np.exp(-0.5 * ((x - mean * rounds) / (std * rounds)) ** 2)  # noqa: E731
-    gauss = np.array([gauss_fn(a) for a in range(1, rounds + 1)])
+    gauss = get_gauss(mean * rounds, std * rounds)  # GPA_MEAN, GPA_STD in epochs: 15 and 1 of 20
+    gauss = np.array([gauss(a) for a in range(1, rounds + 1)])
     gauss = gauss / sum(gauss)
     previous_model_gpa, step_counter = None, 1
     for theta in averages:

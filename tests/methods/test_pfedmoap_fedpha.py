@@ -296,10 +296,27 @@ def test_the_local_expert_is_the_trained_prompt_in_training_and_the_eval_prompt_
         assert (evaluation - training).abs().max() > 1e-3  # two prompts: the comparison tells them apart
 
 
+def test_the_experts_features_are_those_of_the_experts_held_now(model):
+    """The features are computed once per tensor of experts (the original: once per download), and again when that
+    tensor changes in place or another one comes."""
+    method = PFedMoAP(num_experts=3, gate_dim=16, gate_heads=8)
+    pieces = moap_pieces(method, model, EXPERTS[:2], [1.0, 1.0])
+    with torch.no_grad():
+        first = method.text_side(model, pieces)["experts"]
+        torch.testing.assert_close(first, model.text_features(torch.stack(EXPERTS[:2])))
+        assert method.text_side(model, pieces)["experts"] is first  # the same pass's tensor: no second text pass
+        pieces["experts"].mul_(0.5)
+        torch.testing.assert_close(method.text_side(model, pieces)["experts"], model.text_features(torch.stack(EXPERTS[:2]) * 0.5))
+        pieces["experts"] = torch.stack(EXPERTS[1:])
+        torch.testing.assert_close(method.text_side(model, pieces)["experts"], model.text_features(torch.stack(EXPERTS[1:])))
+
+
 def test_the_experts_features_follow_the_model_they_are_asked_for(model):
-    """The same pieces scored over other classes (the server's model on base-to-novel's novel classes, or a held-out
-    set: `evaluate_round` hands every model the same `view.start` tensors, moved to the CPU in place): the experts'
-    features are those classes', and the logits are the other model's local logits (no expert filled)."""
+    """The same pieces scored over other classes: `evaluate_round` builds the server's model over the base classes and
+    then over each held-out set's (base-to-novel's novel classes) from the same `view.start` tensors, which
+    `ClientState.on` leaves the same objects on the CPU. The experts' features must be the other classes', and the
+    logits the other model's local logits (no expert filled). Fails: the memo is keyed by the experts tensor alone, so
+    the base classes' (2, 5, D) features come back and `gated_logits` cannot concatenate them with (1, 2, D)."""
     method = PFedMoAP(num_experts=3, gate_dim=16, gate_heads=8)
     pieces = initial_values(method.pieces(), model, RUN_SEED)  # the server's model: no expert filled
     other = model.for_classes(["plane", "frog"], "a photo of a {}.")

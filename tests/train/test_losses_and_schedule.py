@@ -142,5 +142,5 @@ def test_a_cosine_never_restarted_is_torchs_cosine_annealing_in_dassls_warm_up(t
     assert rising[0] == pytest.approx(0.0, abs=1e-12) and rising == sorted(rising) and rising[-1] > 0.0017
     restarting = Optimization(lr=0.002, local_epochs=5, refresh_every=5)  # FedUR's: one cosine over 25 epochs
     fifth = tuner.configure_optimizers([torch.zeros(2, requires_grad=True)], 4, restarting)["optimizer"].param_groups[0]["lr"]
-    assert fifth == pytest.approx(0.002 * 0.5 * (1 + math.cos(math.pi * 20 / 25)))  # <= 22% of the rate in round 5
-    assert fifth <= 0.22 * 0.002
+    assert fifth == pytest.approx(0.002 * 0.5 * (1 + math.cos(math.pi * 20 / 25)))  # round 5 starts at 9.5% of the rate
+    assert fifth <= 0.096 * 0.002

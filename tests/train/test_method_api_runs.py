@@ -33,7 +33,7 @@ def test_scaffold_equals_fedur_until_its_control_variates_exist_and_sends_them_a
     """Round 1: c = c_k = 0, so no correction: FedUR's round bitwise. Round 2 on: corrected, so other losses.
     The control-variate deltas are messages: counted in bytes_sent by size, never written as pieces."""
     run_tiny(tmp_path / "fedur")
-    result = run_tiny(tmp_path / "scaffold", "--method", "SCAFFOLD")
+    result = run_tiny(tmp_path / "scaffold", "--method", "SCAFFOLD", "--method.weighting", "selected")  # FedUR's weighting
     fedur, scaffold = rows(tmp_path / "fedur"), rows(tmp_path / "scaffold")
     assert scaffold[0]["loss"] == fedur[0]["loss"] and scaffold[0]["client_accuracy"] == fedur[0]["client_accuracy"]
     assert scaffold[1]["loss"] != fedur[1]["loss"]
