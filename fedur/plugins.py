@@ -140,5 +140,5 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["methods"]:
-        raise SystemExit("usage: python -m fedur.plugins methods > docs/methods.md")
+        raise SystemExit("usage: python -m fedur.plugins methods > docs/methods.md")  # internal: a maintainer's command
     print(methods_page(), end="")

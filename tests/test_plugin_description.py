@@ -241,7 +241,7 @@ def test_the_methods_page_and_the_readme_are_the_classes():
         "docs/methods.md is stale: python -m fedur.plugins methods > docs/methods.md"
     readme = (REPO / "README.md").read_text()
     classes = plugins.builtin("method")
-    missing = [cls.__name__ for cls in classes if f"| `{cls.__name__}` |" not in readme]
+    missing = [cls.__name__ for cls in classes if f"| `{cls.__name__}` " not in readme]
     assert not missing, f"the README's methods table lacks {missing}"
     counted = re.search(r"(\d+) methods", readme)
     assert counted and int(counted.group(1)) == len(classes), f"the README says {counted and counted.group(0)}; fedur has {len(classes)}"

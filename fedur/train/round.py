@@ -104,9 +104,13 @@ def train_clients(host: Host, state: RunState, round_idx: int, weights: Tensor,
 
 def prompt_divergence(host: Host, started: dict[int, dict[str, Tensor]], weights: Tensor) -> dict[str, dict]:
     """How far apart the clients' local updates of each piece are, before aggregation (the paper's Fig. 2):
-    {piece: {"drift_diversity", "cosine_distance"}} over the clients that trained. Every rank calls this."""
+    {piece: {"drift_diversity", "cosine_distance"}} over the clients that trained, for every piece local SGD trains
+    (a piece it does not train, pFedMoAP's downloaded experts, has no local update). Every rank calls this."""
     out = {}
+    declared = host.method.pieces()
     for name in host.start:  # every declared piece
+        if not declared[name].trains or host.start[name].numel() == 0:
+            continue
         like = host.start[name]
         updates = {c.client_id: c.pieces[name] - started[c.client_id][name] for c in host.clients if weights[c.client_id] > 0}
         stacked = host.gather(updates, like=like, what=f"{name} prompt updates")[weights > 0]  # (K', *shape)
