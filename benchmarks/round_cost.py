@@ -512,7 +512,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
 
     rounds = []
     for row, number in zip(rows, round_numbers(rows)):
-        trained = sum(row["selected"])  # local_epochs = 1
+        trained = sum(n or 0 for n in row["selected"])  # local_epochs = 1; none for a method that trains nothing (GDA-U)
         refresh_cost = plain_cost if number == 1 else eval_cost  # the first round: zero-shot CLIP labels
         floor = {
             "refresh": n_train * refresh_cost if row.get("refreshed") else 0.0,

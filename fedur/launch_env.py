@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch
 
 from fedur.config import FabricConfig
+from fedur.errors import ConfigError
 
 SUPPORTED_PRECISION = {"32-true": "32-true", "32": "32-true", "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed"}
 
@@ -37,6 +38,8 @@ class LaunchEnv:
     num_nodes: int | None
     strategy: str | None
     precision: str | None
+    elastic: bool = False  # started by torchrun itself (not through `fabric run`): its processes already exist
+    local_world_size: int | None = None  # torchrun's processes per node
 
     @classmethod
     def read(cls, environ: Mapping[str, str] = os.environ) -> LaunchEnv:
@@ -59,7 +62,28 @@ class LaunchEnv:
             num_nodes=int(nodes) if nodes else None,
             strategy=environ.get("LT_STRATEGY"),
             precision=environ.get("LT_PRECISION"),
+            elastic="TORCHELASTIC_RUN_ID" in environ and environ.get("LT_CLI_USED") != "1",
+            local_world_size=int(local) if (local := environ.get("LOCAL_WORLD_SIZE", "")).isdigit() else None,
         )
+
+    def layout(self, settings: FabricConfig) -> tuple[int | str, int]:
+        """(devices, num_nodes) for Fabric: the settings', except under torchrun, whose processes exist already: there
+        fabric.devices auto is torchrun's processes per node and fabric.num_nodes 1 (the default) its nodes, so that
+        `torchrun --nproc-per-node N fedur/main.py ...` needs no fabric flag. A ConfigError when the settings name
+        another number of processes than torchrun started."""
+        if not self.elastic or self.world_size is None:
+            return settings.devices, settings.num_nodes
+        per_node = self.local_world_size or self.world_size
+        devices = per_node if str(settings.devices) == "auto" else settings.devices
+        count = len([d for d in devices.split(",") if d.strip()]) if isinstance(devices, str) and "," in devices else int(devices)
+        nodes = max(1, self.world_size // max(count, 1)) if settings.num_nodes == 1 else settings.num_nodes
+        if count * nodes != self.world_size:
+            raise ConfigError(
+                f"torchrun started {self.world_size} processes ({per_node} per node), but fabric.devices={settings.devices} "
+                f"x fabric.num_nodes={settings.num_nodes} makes {count * nodes}; leave fabric.devices auto and "
+                "fabric.num_nodes 1 (fedur takes torchrun's) or make them match"
+            )
+        return devices, nodes
 
     def expected_world_size(self, settings: FabricConfig) -> int:
         """The number of processes this launch will have, known before any process group exists."""
@@ -139,11 +163,12 @@ def make_fabric(settings: FabricConfig, env: LaunchEnv, wait_timeout: float = 10
         strategy = DDPStrategy(
             timeout=timedelta(seconds=wait_timeout), start_method="spawn" if strategy == "ddp_spawn" else "popen"
         )
+    devices, num_nodes = env.layout(settings)
     fabric = Fabric(
         accelerator=settings.accelerator,
         strategy=strategy,
-        devices=settings.devices,
-        num_nodes=settings.num_nodes,
+        devices=devices,
+        num_nodes=num_nodes,
         precision=None if env.precision is not None else env.resolved_precision(settings),  # fabric run's flag wins
     )
     if not env.cli:  # under `fabric run` the processes already exist

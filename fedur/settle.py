@@ -63,6 +63,7 @@ def check(cfg: Config, env: LaunchEnv) -> None:
     if cfg.run.clients_per_step > 1 and cfg.optim.optimizer_state == "shared":
         raise ConfigError("run.clients_per_step > 1 trains clients at once, so no momentum can pass from one to the "
                           "next (optim.optimizer_state=shared); use optim.optimizer_state=client or reset")
+    env.layout(cfg.fabric)  # under torchrun: the settings name the processes it started
     world, clients, group = env.expected_world_size(cfg.fabric), cfg.federation.num_clients, cfg.run.clients_per_step
     if cfg.optim.optimizer_state == "shared" and world > 1:
         raise ConfigError("optim.optimizer_state=shared passes momentum from client to client and needs one rank")

@@ -114,6 +114,31 @@ def test_precision_auto_and_fabric_run_flags():
         settle(cfg, LaunchEnv.read({"LT_PRECISION": "16-mixed"}))
 
 
+def test_under_torchrun_fabric_takes_torchruns_processes():
+    """`torchrun --nproc-per-node 2 fedur/main.py ...` needs no --fabric.devices: auto is torchrun's processes per
+    node, num_nodes 1 its nodes; settings that name another count stop before any compute, in one line. `fabric run`
+    (which also sets TORCHELASTIC_RUN_ID) and plain launches keep the settings."""
+    from fedur.config import FabricConfig
+
+    def torchrun(world: int, local: int) -> LaunchEnv:
+        return LaunchEnv.read({"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local),
+                               "RANK": "0"})
+
+    assert torchrun(2, 2).layout(FabricConfig(accelerator="cpu")) == (2, 1)
+    assert torchrun(8, 4).layout(FabricConfig()) == (4, 2)  # two nodes of 4
+    assert torchrun(8, 4).layout(FabricConfig(devices=4, num_nodes=2)) == (4, 2)
+    assert torchrun(2, 2).layout(FabricConfig(devices="0,1")) == ("0,1", 1)
+    with pytest.raises(ConfigError, match=re.escape("torchrun started 2 processes (2 per node), but fabric.devices=3 x "
+                                                    "fabric.num_nodes=1 makes 3; leave fabric.devices auto")):
+        torchrun(2, 2).layout(FabricConfig(devices=3))
+    cfg = parse_config(["--config", "configs/tiny.yaml", "--fabric.devices", "4"])
+    with pytest.raises(ConfigError, match="torchrun started 2 processes"):
+        settle(cfg, torchrun(2, 2))
+    fabric_run = LaunchEnv.read({"TORCHELASTIC_RUN_ID": "none", "LT_CLI_USED": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    assert not fabric_run.elastic and fabric_run.layout(FabricConfig(devices=2)) == (2, 1)
+    assert LaunchEnv.read({}).layout(FabricConfig()) == ("auto", 1)
+
+
 def snapshot(root) -> dict:
     """Every file under root with its size, mtime and contents."""
     from pathlib import Path

@@ -8,7 +8,9 @@ a real failure there leaves behind. Set in the environment, never in the setting
               adapt  (after a new client of the rank adapted, evaluation.new_clients; its round: the last + 1)
       round   the round's number, counted from 1 as everywhere a user reads (kill:train:3:0: in the third round)
 
-The round loop and the checkpoint call `point(...)` where these are; without FEDUR_FAULT it does nothing.
+The round loop and the checkpoint call `point(...)` where these are; without FEDUR_FAULT it does nothing. Under
+torchrun a fault strikes the first attempt only (TORCHELASTIC_RESTART_COUNT 0 or unset): the workers torchrun
+restarts run on, as after a real failure.
 """
 
 from __future__ import annotations
@@ -59,9 +61,11 @@ class Fault:
 
 
 def injected() -> Fault | None:
-    """The fault FEDUR_FAULT asks for (None: none); a ConfigError for a malformed one."""
+    """The fault FEDUR_FAULT asks for (None: none, or a worker torchrun restarted); a ConfigError for a malformed one."""
     spec = os.environ.get(ENV)
-    return Fault.parse(spec) if spec else None
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    return Fault.parse(spec)
 
 
 def point(name: str, round_idx: int, rank: int) -> None:
