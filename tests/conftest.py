@@ -6,6 +6,7 @@ import socket
 import subprocess
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -49,6 +50,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_ok_on_a_free_port(cmd: Callable[[int], list[str]], timeout: int = 300, tries: int = 3) -> subprocess.CompletedProcess:
+    """run_ok of `cmd(port)`, a launch that binds a free port: another process may take the port between free_port()
+    and the bind (the kernel hands out the same ephemeral ports to the gloo connections of the runs beside it), so a
+    launch that fails with EADDRINUSE before any run started is tried again on another port."""
+    for _ in range(tries - 1):
+        result = subprocess.run(cmd(free_port()), cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        if result.returncode == 0 or "EADDRINUSE" not in result.stdout + result.stderr:
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            return result
+    return run_ok(cmd(free_port()), timeout=timeout)
 
 
 def run_ok(cmd: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:

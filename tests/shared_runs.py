@@ -73,15 +73,15 @@ def every_case() -> dict[str, list[str]]:
 
 def run_all(cases: dict[str, list[str]], root: Path, ranks: int = 1, timeout: int = 900) -> None:
     """Each case into root/<name>, in one process (`ranks` 2: one `fabric run` of 2 CPU ranks)."""
-    from .conftest import free_port, run_ok
+    from .conftest import run_ok, run_ok_on_a_free_port
 
     argv = [json.dumps([*SHARED, *flags, "--run.output_dir", str(root / name)]) for name, flags in cases.items()]
     if ranks == 1:
         run_ok([sys.executable, "tests/run_many.py", *argv], timeout=timeout)
         return
     fabric = str(Path(sys.executable).parent / "fabric")
-    run_ok([fabric, "run", "--accelerator", "cpu", "--devices", str(ranks), "--main-port", str(free_port()),
-            "tests/run_many.py", *argv], timeout=timeout)
+    run_ok_on_a_free_port(lambda port: [fabric, "run", "--accelerator", "cpu", "--devices", str(ranks), "--main-port", str(port),
+                                         "tests/run_many.py", *argv], timeout=timeout)
 
 
 def ran(root: Path, name: str) -> Path:

@@ -19,7 +19,7 @@ import pytest
 
 from fedur import plugins
 
-from .conftest import REPO, assert_same_results, free_port, read_rounds, run_ok
+from .conftest import REPO, assert_same_results, read_rounds, run_ok, run_ok_on_a_free_port
 
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
 
@@ -46,14 +46,13 @@ def runs(tmp_path_factory) -> Path:
     configuration that check allows; FedUR's here is the README's promise.)"""
     root = tmp_path_factory.mktemp("demo")
     fabric = str(Path(sys.executable).parent / "fabric")
-    port = ["--main-port", str(free_port())]
-    run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", *port, "fedur/main.py", *SMOKE,
-            "--run.output_dir", str(root / "fedur-2")])
+    run_ok_on_a_free_port(lambda port: [fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(port),
+                                         "fedur/main.py", *SMOKE, "--run.output_dir", str(root / "fedur-2")])
     run_ok([sys.executable, "fedur/main.py", *SMOKE, "--run.output_dir", str(root / "fedur-1")])
     others = {name: flags for name, flags in METHODS.items() if name != "fedur"}
     argv = [json.dumps([*SMOKE, *flags, "--run.output_dir", str(root / f"{name}-2")]) for name, flags in others.items()]
-    run_ok([fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(free_port()), "tests/run_many.py",
-            *argv], timeout=900)
+    run_ok_on_a_free_port(lambda port: [fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(port),
+                                         "tests/run_many.py", *argv], timeout=900)
     return root
 
 
