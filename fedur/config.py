@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from jsonargparse.typing import (
     NonNegativeFloat,
     NonNegativeInt,
+    OpenUnitInterval,
     PositiveFloat,
     PositiveInt,
 )
@@ -208,6 +209,52 @@ class OptimConfig:
 
 
 @dataclass
+class PrivacyConfig:
+    """Client-level differential privacy (docs/privacy.md): each taking-part client's update of its shared pieces
+    (the difference from what it downloaded) and its messages clipped together to an L2 norm, Gaussian noise on
+    them, and each refresh's pseudo-label histograms released through the Gaussian mechanism; every release is
+    composed by an accountant (dp-accounting's RDP), and epsilon at privacy.delta is reported every round."""
+
+    mode: Literal["none", "central", "local"] = "none"
+    """none: no clipping, no noise (bitwise the results without privacy). central: the ranks are trusted and what
+    they release is private: the noised mean of the clipped updates, std noise_multiplier x clip on the sum
+    (DP-FedAvg, McMahan et al. 2018), becomes every taking-part client's upload. local: each upload carries its
+    own noise of std noise_multiplier x clip before it leaves the client's rank (each client accounted alone)."""
+    noise_multiplier: NonNegativeFloat | Literal["calibrate"] = 1.0
+    """z: the std of the Gaussian noise on the clipped updates in units of privacy.clip. calibrate: the smallest z
+    (to 0.1%) whose federation.rounds rounds stay within privacy.target_epsilon (the histograms' z_h the same, unless
+    privacy.histogram_noise is set)."""
+    clip: PositiveFloat = 0.1
+    """C: the L2 norm each client's update (its shared pieces' change and its messages, together) is clipped to;
+    with privacy.adaptive_clip, the starting value."""
+    adaptive_clip: bool = False
+    """central: C follows the target quantile of the update norms (Andrew et al. 2021): C <- C exp(-clip_lr (b - q)),
+    b the noised fraction of updates within C; the noise is split so that the round still costs one Gaussian
+    mechanism of multiplier noise_multiplier."""
+    target_quantile: Fraction = 0.5
+    """Adaptive clipping's target fraction q of the updates within C."""
+    clip_lr: PositiveFloat = 0.2
+    """Adaptive clipping's geometric learning rate."""
+    clipped_count_stddev: PositiveFloat | None = None
+    """Adaptive clipping's noise on the count of updates within C; null: the number taking part / 20 (Andrew et al.'s
+    recommendation), or where that is smaller, sqrt(10) z / 2 (the count then costs a tenth of the round's budget)."""
+    histogram_noise: NonNegativeFloat | None = None
+    """z_h: the noise multiplier of each refresh's pseudo-label histograms (the cooperative estimates and the
+    selected counts, each clipped to privacy.histogram_bound); null: privacy.noise_multiplier."""
+    histogram_bound: PositiveFloat | None = None
+    """The L2 bound of one client's histogram; null: the largest client's number of train images (a client's
+    counts sum to at most its images)."""
+    delta: OpenUnitInterval = 1e-5
+    """delta of the (epsilon, delta) guarantee the run reports."""
+    target_epsilon: PositiveFloat | None = None
+    """Stop before a round whose releases would take epsilon past this (null: run every round)."""
+    sampling: Literal["fixed", "poisson"] = "fixed"
+    """How taking part is drawn and accounted: a fixed ceil(join_rate x K) clients without replacement (federation
+    .join_rate; neighbouring federations differ in one client's data) or each client on its own with probability
+    join_rate (Poisson; neighbours add or remove a client; the mean divides by the expected number)."""
+
+
+@dataclass
 class RunConfig:
     """Where results go and what makes the run reproducible."""
 
@@ -291,6 +338,7 @@ class Config:
     federation: FederationConfig = field(default_factory=FederationConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     run: RunConfig = field(default_factory=RunConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
     method: Method | None = None  # fedur.methods.Method: the federated method, with its own settings
@@ -335,6 +383,7 @@ GROUPS = {
     "federation": FederationConfig,
     "optim": OptimConfig,
     "evaluation": EvaluationConfig,
+    "privacy": PrivacyConfig,
     "run": RunConfig,
     "fabric": FabricConfig,
 }
@@ -391,6 +440,8 @@ def result_settings(settings: dict) -> dict:
     a file setting as the digest of the file's content (`file_digest`)."""
     flat = flat_settings(settings)
     neutral = RESULT_NEUTRAL | set(plugin_described(flat, "result_neutral"))
+    if flat.get("privacy.mode", "none") == "none":  # privacy off: its other settings change nothing
+        neutral |= {key for key in flat if key.startswith("privacy.") and key != "privacy.mode"}
     flat = {key: value for key, value in flat.items() if key not in neutral}
     for key in FILE_SETTINGS:
         if flat.get(key) is not None:

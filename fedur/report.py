@@ -205,6 +205,16 @@ def method_metric_rows(run: Run) -> list[list[str]]:
     return rows
 
 
+def privacy_rows(run: Run) -> list[list[str]]:
+    """Privacy on: epsilon at delta spent after each round (and the clip), with how the run ended."""
+    rows = [[str(r["round"]), "inf" if r["epsilon"] is None else f"{r['epsilon']:.3f}", f"{r.get('clip', 0):.4g}",
+             _pct(r.get("mean_accuracy"))] for r in run.rounds if "epsilon" in r]
+    stop = (run.summary or {}).get("privacy", {})
+    if stop.get("stopped_at_target"):
+        rows.append([f"stopped before {stop['stopped_before_round']}", f"target {stop['target_epsilon']:g}", "", ""])
+    return rows
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = [header, ["---"] * len(header), *rows]
     return "\n".join("| " + " | ".join(cell.replace("|", "/") for cell in line) + " |" for line in lines)
@@ -228,6 +238,11 @@ def markdown(runs: list[Run], pngs: list[Path]) -> str:
         if protocols:
             parts.append("Evaluation protocols (docs/protocols.md):\n\n" + table(
                 ["protocol", "what is tested", "zero-shot", "final", "best @ round"], protocols))
+        privacy = privacy_rows(run)
+        if privacy:
+            delta = run.rounds[-1].get("delta")
+            parts.append(f"Privacy (epsilon at delta {delta:g}, docs/privacy.md):\n\n" + table(
+                ["round", "epsilon", "clip", "mean accuracy"], privacy))
         metrics = method_metric_rows(run)
         if metrics:  # what the method's server reported (Aggregated.metrics)
             parts.append("Method metrics:\n\n" + table(["metric", "first round", "last round", "min", "max"], metrics))

@@ -54,8 +54,14 @@ def settle_num_clients(cfg: Config) -> int | None:
 
 def check(cfg: Config, env: LaunchEnv) -> None:
     """What the annotations cannot check, on a settled Config."""
-    cfg.method.pair(cfg.labeller)
-    new_client_count(cfg.evaluation.new_clients, cfg.federation.num_clients)
+    labeller = cfg.method.pair(cfg.labeller)
+    held = new_client_count(cfg.evaluation.new_clients, cfg.federation.num_clients)
+    if cfg.privacy.mode != "none":  # every refusal of the privacy settings, before anything is loaded
+        from fedur.privacy import Federation, build
+
+        fed = cfg.federation
+        federation = Federation(fed.num_clients - held, fed.join_rate, cfg.run.seed, cfg.method.rounds(fed.rounds), fed.refresh_every)
+        build(cfg.privacy, federation, labeller, cfg.method)
     held_out = cfg.evaluation.base_to_novel or cfg.evaluation.held_out_domain is not None
     if held_out and cfg.federation.partition == "file":
         raise ConfigError("evaluation.base_to_novel and evaluation.held_out_domain choose the clients' images themselves; "

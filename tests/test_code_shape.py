@@ -59,12 +59,13 @@ def test_import_cycles_finds_a_circle_through_type_checking_imports(tmp_path):
 # The import layers, lowest first: a module imports from its own layer or below, never above (fedur/data and
 # fedur/model sit side by side and import neither the other). At the bottom what every layer may use (the error type,
 # value ranges, metrics and figures, the plugin lookup, which imports the plugin packages by name only when asked);
-# above the library the typed settings (which hold the plugins) and the launch environment; then the training layer;
-# above them all the entry points and tools at fedur/'s top (cli, settle, run, main, report, cross_dataset, tables).
+# client-level privacy above the methods (it reads what a method shares); above the library the typed settings
+# (which hold the plugins) and the launch environment; then the training layer; above them all the entry points and
+# tools at fedur/'s top (cli, settle, run, main, report, cross_dataset, attack, tables).
 # fedur/model/demo_clip.py trains the demo CLIP offline (not part of a run) on the generated shapes and reports
 # FedOTP's logits on its card: the one module of the library that reads data and methods.
 LAYERS = (("fedur.errors", "fedur.ranges", "fedur.network", "fedur.metrics", "fedur.plots", "fedur.plugins"),
-          ("fedur.data", "fedur.model"), ("fedur.labels",), ("fedur.federated",), ("fedur.methods",),
+          ("fedur.data", "fedur.model"), ("fedur.labels",), ("fedur.federated",), ("fedur.methods",), ("fedur.privacy",),
           ("fedur.config", "fedur.launch_env"), ("fedur.train",))
 SIDE_BY_SIDE = 1  # the layer whose packages import neither the other
 LAYERING_EXCEPTIONS = {"fedur.model.demo_clip"}

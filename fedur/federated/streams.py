@@ -6,7 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_DATA_ORDER, _PARTICIPATION = 1, 2
+_DATA_ORDER, _PARTICIPATION, _NOISE = 1, 2, 3
+NOISE_PIECES, NOISE_ESTIMATES, NOISE_SELECTED, NOISE_CLIP_COUNT = 1, 2, 3, 4  # what a privacy noise stream noises
+SERVER = -1  # the stream of the server's own noise (central privacy), in place of a client id
+_LOCAL_STEP = 4  # a method's own randomness in a client's local step (DP-FPL's test matrix and noise)
 
 
 def _seed(*words: int) -> int:
@@ -16,6 +19,12 @@ def _seed(*words: int) -> int:
 def client_generator(seed: int, client_id: int, round_idx: int) -> torch.Generator:
     """The stream that shuffles client `client_id`'s local data in round `round_idx`."""
     return torch.Generator().manual_seed(_seed(seed, _DATA_ORDER, client_id, round_idx))
+
+
+def step_generator(seed: int, client_id: int, round_idx: int, step: int) -> torch.Generator:
+    """The stream of a method's own draws in client `client_id`'s local step `step` (its optimizer steps before it in
+    the round, from 0) of round `round_idx`: DP-FPL's test matrix and its noise on the local prompt's factors."""
+    return torch.Generator().manual_seed(_seed(seed, _LOCAL_STEP, client_id, round_idx, step))
 
 
 def participants(num_clients: int, join_rate: float, seed: int, round_idx: int) -> np.ndarray:
@@ -31,3 +40,16 @@ def participants(num_clients: int, join_rate: float, seed: int, round_idx: int) 
     count = int(np.ceil(join_rate * num_clients))
     chosen[rng.choice(num_clients, size=count, replace=False)] = True
     return chosen
+
+
+def noise_generator(seed: int, what: int, round_idx: int, client_id: int = SERVER) -> torch.Generator:
+    """The stream of the privacy noise `what` (NOISE_PIECES, NOISE_ESTIMATES, NOISE_SELECTED, NOISE_CLIP_COUNT) in round
+    `round_idx`: client `client_id`'s own (local privacy), or the server's (SERVER, central privacy); the same on
+    every rank, whichever hosts the client."""
+    return torch.Generator().manual_seed(_seed(seed, _NOISE, what, round_idx, client_id + 1))
+
+
+def poisson_participants(num_clients: int, rate: float, seed: int, round_idx: int) -> np.ndarray:
+    """(num_clients,) bool: each client takes part on its own with probability `rate` (privacy.sampling poisson)."""
+    rng = np.random.default_rng(_seed(seed, _PARTICIPATION, round_idx, 1))
+    return rng.random(num_clients) < rate

@@ -78,8 +78,11 @@ class Labeller(ABC):
         """(C,) int64: the client's upload before a cooperative selection."""
         raise NotImplementedError(f"{self.key} does not cooperate")  # internal: only cooperative labellers are asked
 
-    def allocate(self, estimated: Tensor, n_total: int, refresh_idx: int) -> Tensor:
-        """(K, C) quotas from every client's estimate (identical on every rank)."""
+    def allocate(self, estimated: Tensor, n_total: int, refresh_idx: int, totals: Tensor | None = None,
+                 num_clients: int | None = None) -> Tensor:
+        """(K, C) quotas from every client's estimate (identical on every rank). With privacy on, `totals` is the
+        (C,) sum over the K = `num_clients` clients as released (noised), and `estimated` the rows of the clients
+        a rank hosts: a client's quotas may then read only its own row and `totals`."""
         raise NotImplementedError(f"{self.key} does not cooperate")  # internal: only cooperative labellers are asked
 
     @abstractmethod

@@ -63,8 +63,9 @@ class CoPL(HardLabeller):
     def estimate(self, probs: Tensor) -> Tensor:
         return estimated_counts(probs, self._kept(probs))
 
-    def allocate(self, estimated: Tensor, n_total: int, refresh_idx: int) -> Tensor:
-        return allocate(estimated, n_total, refresh_idx, self.quota_arithmetic)
+    def allocate(self, estimated: Tensor, n_total: int, refresh_idx: int, totals: Tensor | None = None,
+                 num_clients: int | None = None) -> Tensor:
+        return allocate(estimated, n_total, refresh_idx, self.quota_arithmetic, totals, num_clients)
 
     def choose(self, probs: Tensor, quotas: Tensor | None) -> tuple[Tensor, Tensor]:
         if quotas is not None:

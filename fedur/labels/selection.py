@@ -57,11 +57,15 @@ def budget(counts: Tensor) -> int:
     return -(-int(counts.sum()) // num_classes)
 
 
-def allocate(counts: Tensor, n_total: int, refresh_idx: int, arithmetic: Literal["exact", "reference"] = "exact") -> Tensor:
+def allocate(counts: Tensor, n_total: int, refresh_idx: int, arithmetic: Literal["exact", "reference"] = "exact",
+             totals: Tensor | None = None, num_clients: int | None = None) -> Tensor:
     """Per-client, per-class quotas u~ (K, C) int64 from all clients' estimated counts u (K, C).
 
     u~_kc = ceil(u_kc / sum_i u_ic * M). A class no client estimated gets the reference's fallback
     ceil(N_total / C / 4 * (t + 1) / K) for every client, t the refresh index.
+
+    `totals`: (C,) int64 sum_i u_ic as released (privacy: the noised sums), in place of the rows' own sum; then the
+    rows may be some clients' only (each client its own), and `num_clients` is K of the fallback.
 
     `arithmetic`: 'exact' computes the quota in exact integer arithmetic (the formula's value); 'reference'
     as FedCoPL's code does (`methods/main_UL.py` lines 485-490, @ed7e0e0): counts, M and the quotient in
@@ -69,16 +73,17 @@ def allocate(counts: Tensor, n_total: int, refresh_idx: int, arithmetic: Literal
     above it and the reference's ceil adds one (u = 5, sum = 39, M = 39: 6, not 5); its fallback is also
     taken in float32.
     """
-    num_clients, num_classes = counts.shape
-    totals = counts.sum(dim=0)  # (C,)
+    num_classes = counts.shape[1]
+    num_clients = counts.shape[0] if num_clients is None else num_clients
+    totals = counts.sum(dim=0) if totals is None else totals  # (C,)
     fallback = n_total / num_classes / 4 * (refresh_idx + 1) / num_clients
     if arithmetic == "reference":
         u = counts.to(torch.float32)
-        total = u.sum(dim=0)  # (C,) float32, as the reference's summed float32 histograms
+        total = totals.to(torch.float32)  # (C,) float32, as the reference's summed float32 histograms
         m = torch.ceil(total.sum() / num_classes)
         value = torch.where(total != 0, u / total * m, torch.full_like(u, fallback))  # 0 / 0 is masked out
         return torch.ceil(value).to(torch.int64)
-    m = budget(counts)
+    m = budget(totals)
     quotas = -torch.div(-counts * m, totals.clamp_min(1), rounding_mode="floor")  # ceil for non-negative ints
     return torch.where(totals > 0, quotas, torch.full_like(quotas, math.ceil(fallback)))
 

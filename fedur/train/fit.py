@@ -16,6 +16,7 @@ from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import placement_table
 from fedur.launch_env import Startup, software_environment
+from fedur.privacy import Federation, build
 from fedur.train import checkpoint
 from fedur.train.evaluate import evaluate_zero_shot
 from fedur.train.host import Host
@@ -74,7 +75,10 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
         run_dir.root.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
     recorder = open_recorder(host, cfg, run_dir, history, start_round, truth, skipped)
-    state, plan = RunState(ServerState.start(host.method, host.model, host.start)), round_plan(cfg, host, truth)
+    server, plan = ServerState.start(host.method, host.model, host.start), round_plan(cfg, host, truth)
+    state = RunState(server, privacy=private_releases(cfg, host, plan, server))
+    if state.privacy is not None:
+        recorder.note(state.privacy.describe())
     if saved is None:
         with startup.timing("zero_shot"):
             counts, held_out = evaluate_zero_shot(host)
@@ -87,6 +91,8 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     last, start_time, wall_before = None, time.perf_counter(), state.wall_seconds
     wall = lambda: wall_before + time.perf_counter() - start_time  # noqa: E731  (over every session of the run)
     for round_idx in progress.iterate(range(start_round, plan.rounds), "rounds", total=plan.rounds, initial=start_round):
+        if passes_target(state, recorder, round_idx, plan, host.tuner.labeller is not None):
+            break
         last = run_round(host, state, round_idx, plan)
         recorder.record_round(round_record(last, history.first_round))
         state.wall_seconds = wall()
@@ -110,6 +116,30 @@ def round_plan(cfg: Config, host: Host, truth: Truth) -> RoundPlan:
         optimizer_state=optim.optimizer_state, global_model=cfg.evaluation.global_model,
         train_sizes=host.gather(sizes, like=torch.tensor(0, device="cpu"), what="train sizes"), train_labels=truth.train_labels,
     )
+
+
+def private_releases(cfg: Config, host: Host, plan: RoundPlan, server: ServerState):
+    """privacy.mode central | local: the run's releases and their accountant (None: privacy off)."""
+    training = host.training
+    federation = Federation(int(training.sum()), cfg.federation.join_rate, cfg.run.seed, plan.rounds, plan.refresh_every,
+                            plan.train_sizes[training])
+    return build(cfg.privacy, federation, host.tuner.labeller, host.method, {**server.shared, **server.messages})
+
+
+def passes_target(state: RunState, recorder: Recorder, round_idx: int, plan: RoundPlan, labels: bool) -> bool:
+    """Whether round `round_idx`'s releases would take epsilon past privacy.target_epsilon: the run then stops before
+    it, says so in one line and in summary.json (the checkpoint stays the last round's)."""
+    privacy = state.privacy
+    if privacy is None or privacy.target_epsilon is None:
+        return False
+    after = privacy.epsilon_after(refreshes=labels and round_idx % plan.refresh_every == 0)
+    if after <= privacy.target_epsilon:
+        return False
+    privacy.stopped_before = round_idx + 1
+    recorder.note(f"stopped before round {round_idx + 1} of {plan.rounds}: its releases would take epsilon from "
+                  f"{privacy.epsilon():.3f} to {after:.3f}, past privacy.target_epsilon={privacy.target_epsilon:g} "
+                  f"(delta {privacy.delta:g})")
+    return True
 
 
 def open_recorder(host: Host, cfg: Config, run_dir: RunDir, history: History, start_round: int, truth: Truth,
@@ -149,7 +179,8 @@ def finish(host: Host, cfg: Config, run_dir: RunDir, recorder: Recorder, state: 
         "num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,
         "dataset": host.dataset.name, "method": method.key, "labeller": None if labeller is None else labeller.key,
         "skipped_images": recorder.skipped, "train_labels": plan.train_labels is not None, "test_labels": recorder.test_labels,
-        **domains, "environment": software_environment(fabric.device)})
+        **domains, **({} if state.privacy is None else {"privacy": state.privacy.summary()}),
+        "environment": software_environment(fabric.device)})
 
 
 def gather_placement(host: Host) -> dict:

@@ -242,6 +242,8 @@ class Recorder:
             "pseudo_labels/accuracy_mean": mean(row["pseudo_label_accuracy"]),
             "pseudo_labels/agreement_mean": mean(row.get("pseudo_label_agreement") or []),
             "pseudo_labels/selected_total": None if row["selected_per_class"] is None else sum(row["selected"]),
+            "privacy/epsilon": row.get("epsilon"),  # privacy on: spent so far, at privacy.delta
+            "privacy/clip": row.get("clip"),
         }
         for k, acc in enumerate(row["client_accuracy"]):
             scalars[f"accuracy/client_{k:03d}"] = acc
@@ -286,6 +288,8 @@ class Recorder:
             parts += [] if agreed is None else [f"agreement {fmt(agreed)}%"]
         if row["lr"] is not None:  # some client trained
             parts += [f"loss {fmt(mean(row['loss']), 4)}", f"lr {fmt(row['lr'], 4)}"]
+        if "epsilon" in row:  # privacy on
+            parts.append("eps inf" if row["epsilon"] is None else f"eps {row['epsilon']:.2f}")
         self.note("  ".join([*parts, f"{row['round_seconds']:.1f}s", f"eta {format_duration(left)}"]))
 
     def record_adapted(self, counts: Tensor, training: Tensor) -> None:

@@ -11,10 +11,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedur.federated import streams
 from fedur.federated.client import check_tensors
 from fedur.labels.base import Labeller, PseudoLabels
+from fedur.privacy.mechanism import released_counts
 
 if TYPE_CHECKING:
+    from fedur.privacy import Privacy
     from fedur.train.host import Host
 
 
@@ -30,11 +33,14 @@ class Refresh:
     class_weights: Tensor | None  # (C,) global weights of L_pos
     agreement: Tensor | None = None  # (K, 2) images selected at this refresh and the previous one with the same
     # pseudo-label both times, and images selected both times (label-free monitoring; None at the first refresh)
+    released: Tensor | None = None  # privacy on: (K, C) what each client's histogram (the cooperative estimate, else its
+    # selected counts) released to the others (local: noised; central: nothing, a row of zeros), and
+    released_totals: Tensor | None = None  # (C,) the released sum (the quotas' denominators, or the class weights')
 
 
 def refresh_pseudo_labels(
     host: Host, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int, train_labels: np.ndarray | None,
-    members: Tensor | None = None,
+    members: Tensor | None = None, privacy: Privacy | None = None,
 ) -> Refresh:
     """Label every local client's train set with zero-shot CLIP (the first refresh) or with the client's
     current model (the method's logits with its prompts), then let `labeller` select. Every rank calls this.
@@ -44,14 +50,21 @@ def refresh_pseudo_labels(
     data has none) is read only here, and only to count `label_hits` for monitoring. `n_total`: the size of
     the whole train set (the cooperative allocation's fallback). `members`: (K,) bool, the clients that label
     and cooperate (default: `host.training`); the others keep their pseudo-labels and have zero rows.
+
+    With `privacy`, what the federation computes from other clients' histograms comes from their release only: each
+    client's quotas from its own estimate and the noised sum of all, the class weights from the noised sum of the
+    selected counts (fedur/privacy/releases.py). The true counts are still gathered for the run's monitoring
+    (metrics.jsonl's selection, the pseudo-label accuracy): the experimenter's instrument, not a release.
     """
     num_classes = host.model.num_classes
     members = host.training if members is None else members
     hosted = [c for c in host.clients if members[c.client_id]]
     predictions = host.predict("train", zero_shot, desc="pseudo-labelling clients", clients=hosted)
     probs = {k: logits.softmax(dim=-1) for k, (logits, _) in predictions.items()}
-    quotas = None
-    if labeller.cooperative:
+    quotas = released = None
+    if labeller.cooperative and privacy is not None:
+        all_estimated, quotas, released = private_quotas(host, labeller, privacy, probs, hosted, members, n_total, refresh_idx)
+    elif labeller.cooperative:
         estimated = {k: labeller.estimate(p) for k, p in probs.items()}
         like = torch.zeros(num_classes, dtype=torch.long, device="cpu")
         all_estimated = host.gather(estimated, like, what="pseudo-label histograms")  # the clients' only upload
@@ -72,8 +85,37 @@ def refresh_pseudo_labels(
     selected, hits, agreed = gathered[:, :num_classes], gathered[:, num_classes:num_classes + 2], gathered[:, num_classes + 2:]
     if quotas is None:
         all_estimated = quotas = selected
+    if privacy is None:
+        weights = labeller.class_weights(quotas, selected)
+    else:  # from the noised sum of the selected counts alone
+        sent = {c.client_id: privacy.histogram(torch.bincount(c.pseudo_labels.labels, minlength=num_classes), c.client_id,
+                                               refresh_idx, streams.NOISE_SELECTED) for c in hosted}
+        like = torch.zeros(num_classes, dtype=torch.float64, device="cpu")
+        rows = host.gather(sent, like, what="selected histograms")
+        total = privacy.totals(rows, members, refresh_idx, streams.NOISE_SELECTED)
+        weights = labeller.class_weights(total[None], total[None])
+        if not labeller.cooperative:  # the selected counts are all a client's pseudo-labels release
+            released = (rows if privacy.local else torch.zeros_like(rows), total)
     return Refresh(all_estimated, quotas, selected, None if train_labels is None else hits,
-                   labeller.class_weights(quotas, selected), None if zero_shot else agreed)
+                   weights, None if zero_shot else agreed, *(released or (None, None)))
+
+
+def private_quotas(host: Host, labeller: Labeller, privacy: Privacy, probs: dict[int, Tensor], hosted: list,
+                   members: Tensor, n_total: int, refresh_idx: int) -> tuple[Tensor, Tensor]:
+    """The cooperative allocation with privacy on: every client's estimate leaves its rank clipped (and noised,
+    local), the noised sum over the members is released, and each client's quotas are its own estimate's share of
+    it (Labeller.allocate with `totals`). Returns the gathered estimates as counts (K, C), every client's quotas, and
+    what was released: each client's row to the others (local: noised; central: none, zeros) and the sum (C,)."""
+    num_classes = host.model.num_classes
+    estimated = {k: labeller.estimate(p) for k, p in probs.items()}
+    released = {k: privacy.histogram(e, k, refresh_idx, streams.NOISE_ESTIMATES) for k, e in estimated.items()}
+    gathered = host.gather(released, torch.zeros(num_classes, dtype=torch.float64, device="cpu"), what="pseudo-label histograms")
+    totals = privacy.totals(gathered, members, refresh_idx, streams.NOISE_ESTIMATES)
+    own = {c.client_id: labeller.allocate(estimated[c.client_id][None], n_total, refresh_idx, totals=totals,
+                                          num_clients=int(members.sum()))[0] for c in hosted}
+    quotas = host.gather(own, torch.zeros(num_classes, dtype=torch.long, device="cpu"), what="quotas")
+    rows = gathered if privacy.local else torch.zeros_like(gathered)
+    return released_counts(gathered), quotas, (rows, totals)
 
 
 def label_hits(chosen: PseudoLabels, train_indices: np.ndarray, train_labels: np.ndarray | None) -> Tensor:

@@ -46,22 +46,27 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
     refreshed = labeller is not None and round_idx % plan.refresh_every == 0
     if refreshed:
         state.refresh = refresh_pseudo_labels(host, round_idx == 0, round_idx // plan.refresh_every, labeller,
-                                              len(host.dataset.train), plan.train_labels)
+                                              len(host.dataset.train), plan.train_labels, privacy=state.privacy)
     clock.lap("refresh")
 
     num_training = int(training.sum())  # the others: evaluation.new_clients
     joined = torch.zeros(host.num_clients, dtype=torch.bool, device="cpu")  # drawn among the training clients only
-    joined[:num_training] = method.participants(round_idx, num_training, plan.join_rate, plan.seed)
+    poisson = None if state.privacy is None else state.privacy.participants(round_idx, num_training)
+    joined[:num_training] = method.participants(round_idx, num_training, plan.join_rate, plan.seed) if poisson is None else poisson
     selected = None if state.refresh is None else state.refresh.selected.sum(dim=1)
     weights = method.client_weights(selected, plan.train_sizes) * joined  # 0 for the clients that sit out,
     if selected is not None:  # and for those without a pseudo-label: nothing to train on, nothing to upload
         weights = weights * (selected > 0)
+    if state.privacy is not None:  # the same weight for every client that takes part: a weight would leak its data
+        weights = (weights > 0).to(weights.dtype)
     started = {c.client_id: c.pieces for c in host.clients}  # before local training, for the divergence
     local_losses, local = train_clients(host, state, round_idx, weights, plan) if method.trains else ({}, {})
     clock.lap("train")
 
     divergence = prompt_divergence(host, started, weights)
-    method_metrics = exchange(host, state.server, weights, local, round_idx + 1, plan.rounds)
+    method_metrics = exchange(host, state.server, weights, local, round_idx + 1, plan.rounds, state.privacy, int(joined.sum()))
+    if state.privacy is not None:
+        state.privacy.record(weights > 0, refreshed)
     clock.lap("aggregate")
 
     evaluation = evaluate_round(host, state.server, with_confusion=round_idx == plan.rounds - 1,
@@ -77,7 +82,7 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
         weights=weights, accuracy=evaluation.accuracy, confusion=evaluation.confusion, losses=losses, uploads=uploads,
         seconds=clock.total(), phase_seconds=clock.laps, trains=method.trains, piece_bytes=piece_bytes,
         method_metrics=method_metrics, divergence=divergence, training=training, global_counts=evaluation.global_counts,
-        held_out_counts=evaluation.held_out,
+        held_out_counts=evaluation.held_out, privacy=None if state.privacy is None else state.privacy.round_record(),
     )
 
 

@@ -36,6 +36,7 @@ class RoundOutcome:
     training: Tensor | None = None  # (K,) bool: the clients that take part in rounds (None: all; else evaluation.new_clients)
     global_counts: Tensor | None = None  # (2,) [correct, total] of the server's model on the training clients' test union
     held_out_counts: dict[str, Tensor | None] | None = None  # {held-out set: (2,) counts} of the server's model
+    privacy: dict | None = None  # privacy on: epsilon at delta after the round, the clip (Privacy.round_record)
 
 
 def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
@@ -79,6 +80,10 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
         "selected_per_class": None if refresh is None else refresh.selected.sum(dim=0).tolist(),
         "selection": refresh.selected.tolist() if refreshed else None,  # (K, C)
         "class_weights": refresh.class_weights.tolist() if refreshed and refresh.class_weights is not None else None,
+        # what the other clients and the server received of each client's pseudo-labels at this refresh (the
+        # cooperative estimates; privacy on: the noised rows of local privacy, or under central privacy only the
+        # noised sum "released_totals")
+        **(released(refresh) if refreshed and refresh is not None else {}),
         "refreshed": refreshed,
         "participants": torch.nonzero(outcome.joined).flatten().tolist(),
         "lr": next((float(losses[k, 3]) for k, t in enumerate(trained) if t), None),  # the same for every client
@@ -91,7 +96,19 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
         "upload_bytes": outcome.piece_bytes or {},  # {shared piece or message: bytes} of one client's upload
         "prompt_divergence": divergence,  # {piece: {drift_diversity, cosine_distance}} of the local updates
         "method": outcome.method_metrics or {},  # the method's own metrics of the round (Aggregated.metrics)
+        **(outcome.privacy or {}),  # privacy on: "epsilon" (at "delta") spent so far, "clip" (and per client, local)
     }
+
+
+def released(refresh: Refresh) -> dict:
+    """{"released_histograms": (K, C) or None, "released_totals": (C,) or None} of a refresh: the rows a client's
+    histogram upload carried (the estimates in the clear without privacy; the noised rows under local privacy; none
+    under central privacy, whose only release is the noised sum)."""
+    if refresh.released_totals is None:  # no privacy: the estimates went as they are (the selection, not cooperating)
+        return {"released_histograms": refresh.estimated.tolist(), "released_totals": refresh.estimated.sum(dim=0).tolist()}
+    rows = refresh.released
+    return {"released_histograms": None if not bool(rows.any()) else [[round(float(v), 3) for v in row] for row in rows],
+            "released_totals": refresh.released_totals.tolist()}
 
 
 def domain_summary(final: list[float | None] | None, dataset: ImageDataset, partition: str, num_clients: int,

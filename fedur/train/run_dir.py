@@ -184,6 +184,7 @@ ADDED_SETTINGS = {
     "model.ctx_suffix": "",
     "optim.warmup_epochs": 0,
     "optim.warmup_lr": 1e-5,
+    "privacy.mode": "none",
 }
 
 

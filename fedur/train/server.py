@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from fedur.errors import PluginError
@@ -15,6 +16,7 @@ from fedur.methods.base import Aggregated, LocalRound, Method, ServerRound, shar
 
 if TYPE_CHECKING:
     from fedur.model.classifier import PromptedCLIP
+    from fedur.privacy import Privacy
     from fedur.train.host import Host
 
 
@@ -37,12 +39,15 @@ class ServerState:
         return {name: t.numel() * t.element_size() for name, t in {**self.shared, **self.messages}.items()}
 
 
-def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, LocalRound], number: int, rounds: int) -> dict:
+def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, LocalRound], number: int, rounds: int,
+             privacy: Privacy | None = None, drawn: int = 0) -> dict:
     """The clients with weight > 0 upload (Method.upload; `local`: their training this round), every rank gathers
     the uploads of each shared piece and message in client-id order (or, for those in Method.summed, their sum, in
     client-id order and in chunks of clients), the method aggregates them into the new global pieces, its server
     state and the round's metrics (returned), and every client, also one that sat the round out, downloads them.
-    Every rank calls this. `number`: the round, from 1, of `rounds`."""
+    Every rank calls this. `number`: the round, from 1, of `rounds`. With `privacy`, what leaves a client's rank is its
+    clipped (local: and noised) update, and the method aggregates the private rows (fedur/privacy/releases.py;
+    `drawn`: the clients drawn to take part)."""
     method, data = host.method, host.client_data
     expected = {**server.shared, **server.messages}
     local_uploads = {}
@@ -52,6 +57,8 @@ def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, 
             raise PluginError(f"{type(method).__name__}.upload of client {client.client_id} sent {sorted(upload)}; it must "
                              f"send one tensor per shared piece and message: {sorted(expected)}")
         check_tensors(client.extra, f"{type(method).__name__}.upload's client.extra")
+    if privacy is not None:
+        return private_exchange(host, server, weights, local_uploads, number, rounds, privacy, drawn)
     uploads = {}  # {name: (K, *shape)}, or the (*shape) sum over the clients that took part for method.summed
     for name, like in expected.items():
         pieces, what = {k: upload[name] for k, upload in local_uploads.items()}, f"{name} uploads"
@@ -59,6 +66,29 @@ def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, 
             uploads[name] = host.collectives.sum_clients(pieces, host.num_clients, like, weights > 0, what)
         else:
             uploads[name] = host.gather(pieces, like=like, what=what)
+    return aggregate(host, server, uploads, weights, number, rounds)
+
+
+def private_exchange(host: Host, server: ServerState, weights: Tensor, local_uploads: dict[int, dict[str, Tensor]],
+                     number: int, rounds: int, privacy: Privacy, drawn: int) -> dict:
+    """`exchange` with privacy on: each client's update clipped (and noised, local) on its rank, gathered as float64
+    with whether its norm was within the clip (adaptive clipping's count), then the rows the method aggregates."""
+    expected = {**server.shared, **server.messages}
+    updates, within = {}, {}
+    for k, upload in local_uploads.items():
+        updates[k], inside = privacy.client_update(upload, server.shared, k, number - 1)
+        within[k] = torch.tensor(int(inside), device="cpu")
+    gathered = {name: host.gather({k: u[name] for k, u in updates.items()}, like=like.double(), what=f"{name} updates")
+                for name, like in expected.items()}
+    inside = host.gather(within, like=torch.tensor(0, device="cpu"), what="updates within the clip").bool() if privacy.adaptive else None
+    uploads = privacy.server_uploads(gathered, server.shared, expected, weights > 0, drawn, inside, number - 1)
+    return aggregate(host, server, uploads, weights, number, rounds)
+
+
+def aggregate(host: Host, server: ServerState, uploads: dict[str, Tensor], weights: Tensor, number: int, rounds: int) -> dict:
+    """The method's aggregate of a round's gathered uploads; the new global pieces and server state; every client's
+    download; the round's metrics."""
+    method = host.method
     result = method.aggregate(ServerRound(number, rounds, uploads, weights, dict(server.shared), dict(server.method),
                                           host.training))
     if not isinstance(result, Aggregated):

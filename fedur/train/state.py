@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedur.federated.client import momentum_only, to_cpu
+from fedur.privacy import Privacy
 from fedur.train.refresh import Refresh
 from fedur.train.server import ServerState
 
@@ -18,6 +19,7 @@ class RunState:
     refresh: Refresh | None = None  # the last pseudo-label refresh (None before the first, or without a labeller)
     carried_optimizer: dict | None = None  # optim.optimizer_state=shared: the momentum handed to the next client
     wall_seconds: float = 0.0  # over every session of the run, up to the last commit
+    privacy: Privacy | None = None  # privacy.mode central | local: the ledger of releases and the clip norm
 
     @property
     def class_weights(self):
@@ -32,6 +34,7 @@ class RunState:
             "carried_optimizer": to_cpu(self.carried_optimizer),
             "wall_seconds": self.wall_seconds,
             "method": {name: t.cpu() for name, t in self.server.method.items()},
+            **({} if self.privacy is None else {"privacy": self.privacy.state_dict()}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -41,3 +44,5 @@ class RunState:
         self.refresh = None if state["refresh"] is None else Refresh(**state["refresh"])
         self.carried_optimizer = momentum_only(state["carried_optimizer"])
         self.wall_seconds = state["wall_seconds"]
+        if self.privacy is not None:
+            self.privacy.load_state_dict(state["privacy"])

@@ -63,6 +63,18 @@ def test_allocation_by_hand_with_fallback():
     assert allocate(counts, n_total=100, refresh_idx=1)[:, 1].tolist() == [9, 9]  # ceil(8.33)
 
 
+@pytest.mark.parametrize("arithmetic", ["exact", "reference"])
+def test_a_clients_quotas_read_only_its_own_row_and_the_released_totals(arithmetic):
+    counts = torch.tensor([[3, 0, 1], [1, 0, 2]])
+    together = allocate(counts, 100, 0, arithmetic)
+    for k in range(2):  # each client alone, with the sums as released: the same quotas
+        alone = allocate(counts[k:k + 1], 100, 0, arithmetic, totals=counts.sum(dim=0), num_clients=2)
+        assert alone.tolist() == together[k:k + 1].tolist()
+    # noised totals [6, 1, 3]: M = ceil(10 / 3) = 4; client 0: ceil(3 / 6 x 4) = 2, ceil(0) = 0, ceil(1 / 3 x 4) = 2
+    noised = allocate(counts[:1], 100, 0, arithmetic, totals=torch.tensor([6, 1, 3]), num_clients=2)
+    assert noised.tolist() == [[2, 0, 2]]
+
+
 def test_select_top_takes_most_confident_per_class():
     probs = torch.tensor([
         [0.7, 0.2, 0.1],

@@ -1,0 +1,69 @@
+"""Runs with privacy on, end to end on the tiny model: epsilon in every round's line as the library composes the run's
+releases by hand, the stop before a round that would pass a target, a refusal before anything is loaded, and
+privacy off recording no privacy setting. (2 ranks = 1 and crash-and-resume with noise on: the shared cases
+fedur-private-central and scaffold-private-local in tests/shared_runs.py.)"""
+
+import json
+
+import dp_accounting
+import pytest
+from dp_accounting import rdp
+
+from fedur.config import Config, result_settings
+
+from ..conftest import read_rounds
+
+TINY = ["--config", "configs/tiny.yaml", "--run.progress", "false"]
+CENTRAL = ["--privacy.mode", "central", "--privacy.noise_multiplier", "2", "--federation.join_rate", "0.75"]
+
+
+def library_epsilon(rounds: int, refreshes: int) -> float:
+    """The tiny run's releases composed by hand: 3 of its 4 clients drawn without replacement each round (z = 2 on
+    a sum of sensitivity 2C: 1), and at each refresh CoDPL's two histograms (z_h = 2, sensitivity 2B: 1)."""
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(4, 3, dp_accounting.GaussianDpEvent(1.0)), rounds)
+    acc.compose(dp_accounting.GaussianDpEvent(1.0), 2 * refreshes)
+    return acc.get_epsilon(1e-5)
+
+
+def test_every_rounds_epsilon_is_the_librarys_composition_of_the_runs_releases(run_main, tmp_path):
+    result = run_main(*TINY, *CENTRAL, "--run.output_dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert "privacy central: the ranks are trusted" in result.stdout
+    rounds = read_rounds(tmp_path / "run")
+    for r in rounds:  # tiny: refreshes at rounds 1 and 3 (every 2)
+        assert r["epsilon"] == pytest.approx(library_epsilon(r["round"], (r["round"] + 1) // 2), rel=1e-9)
+        assert r["delta"] == 1e-5 and "eps " in result.stdout
+    refresh = rounds[0]
+    assert refresh["released_histograms"] is None and len(refresh["released_totals"]) == 5  # central: the sum only
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["privacy"]["epsilon"] == rounds[-1]["epsilon"] and not summary["privacy"]["stopped_at_target"]
+
+
+def test_the_run_stops_before_a_round_that_would_pass_its_target(run_main, tmp_path):
+    target = (library_epsilon(2, 1) + library_epsilon(3, 2)) / 2  # within after round 2, past it after round 3
+    result = run_main(*TINY, *CENTRAL, "--privacy.target_epsilon", str(target), "--run.output_dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert "stopped before round 3 of 4" in result.stdout
+    assert [r["round"] for r in read_rounds(tmp_path / "run")] == [1, 2]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["privacy"]["stopped_at_target"] and summary["privacy"]["stopped_before_round"] == 3
+    assert summary["rounds_completed"] == 2 and summary["privacy"]["epsilon"] <= target
+
+
+def test_a_setting_that_cannot_hold_stops_in_one_line_before_anything_is_loaded(run_main, tmp_path):
+    result = run_main(*TINY, "--method", "ZeroShot", "--privacy.mode", "local", "--run.output_dir", str(tmp_path / "run"))
+    assert result.returncode != 0
+    assert "privacy.mode=local" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+    result = run_main(*TINY, *CENTRAL, "--privacy.delta", "1.5", "--run.output_dir", str(tmp_path / "run"))
+    assert result.returncode != 0 and "privacy.delta" in result.stderr
+
+
+def test_with_privacy_off_its_other_settings_are_not_the_runs():
+    settings = Config().settings
+    settings["privacy"]["noise_multiplier"] = 3.0
+    flat = result_settings(settings)
+    assert flat["privacy.mode"] == "none" and not [k for k in flat if k.startswith("privacy.") and k != "privacy.mode"]
+    settings["privacy"]["mode"] = "central"
+    assert result_settings(settings)["privacy.noise_multiplier"] == 3.0
