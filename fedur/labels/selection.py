@@ -65,7 +65,9 @@ def allocate(counts: Tensor, n_total: int, refresh_idx: int, arithmetic: Literal
     ceil(N_total / C / 4 * (t + 1) / K) for every client, t the refresh index.
 
     `totals`: (C,) int64 sum_i u_ic as released (privacy: the noised sums), in place of the rows' own sum; then the
-    rows may be some clients' only (each client its own), and `num_clients` is K of the fallback.
+    rows may be some clients' only (each client its own), and `num_clients` is K of the fallback. A released sum below
+    a client's own count is raised to it for that client (the sum includes it: post-processing that costs no
+    privacy), so that no quota exceeds M.
 
     `arithmetic`: 'exact' computes the quota in exact integer arithmetic (the formula's value); 'reference'
     as FedCoPL's code does (`methods/main_UL.py` lines 485-490, @ed7e0e0): counts, M and the quotient in
@@ -75,15 +77,16 @@ def allocate(counts: Tensor, n_total: int, refresh_idx: int, arithmetic: Literal
     """
     num_classes = counts.shape[1]
     num_clients = counts.shape[0] if num_clients is None else num_clients
-    totals = counts.sum(dim=0) if totals is None else totals  # (C,)
+    released = counts.sum(dim=0) if totals is None else totals  # (C,): what M is taken from
+    totals = released if totals is None else torch.maximum(totals, counts)  # (C,), or (K, C): each client's own
     fallback = n_total / num_classes / 4 * (refresh_idx + 1) / num_clients
     if arithmetic == "reference":
         u = counts.to(torch.float32)
-        total = totals.to(torch.float32)  # (C,) float32, as the reference's summed float32 histograms
-        m = torch.ceil(total.sum() / num_classes)
+        total = totals.to(torch.float32)  # float32, as the reference's summed float32 histograms
+        m = torch.ceil(released.to(torch.float32).sum() / num_classes)
         value = torch.where(total != 0, u / total * m, torch.full_like(u, fallback))  # 0 / 0 is masked out
         return torch.ceil(value).to(torch.int64)
-    m = budget(totals)
+    m = budget(released)
     quotas = -torch.div(-counts * m, totals.clamp_min(1), rounding_mode="floor")  # ceil for non-negative ints
     return torch.where(totals > 0, quotas, torch.full_like(quotas, math.ceil(fallback)))
 

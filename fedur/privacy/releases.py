@@ -104,8 +104,9 @@ class Privacy:
 
     def next_clip(self, within: Tensor, denominator: float, round_idx: int) -> float:
         generator = streams.noise_generator(self.seed, streams.NOISE_CLIP_COUNT, round_idx)
-        count = float(within.sum()) + float(mechanism.gaussian((1,), self.count_std, generator)[0])
-        return mechanism.next_clip(self.clip_norm, count / max(denominator, 1e-12), self.target_quantile, self.clip_lr)
+        # centred (each client's b - 1/2: sensitivity 1/2 under add/remove, as Andrew et al.'s split assumes)
+        count = float((within.double() - 0.5).sum()) + float(mechanism.gaussian((1,), self.count_std, generator)[0])
+        return mechanism.next_clip(self.clip_norm, count / max(denominator, 1e-12) + 0.5, self.target_quantile, self.clip_lr)
 
     # -- the histograms of a refresh -----------------------------------------------------------------------------
 

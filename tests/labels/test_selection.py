@@ -73,6 +73,9 @@ def test_a_clients_quotas_read_only_its_own_row_and_the_released_totals(arithmet
     # noised totals [6, 1, 3]: M = ceil(10 / 3) = 4; client 0: ceil(3 / 6 x 4) = 2, ceil(0) = 0, ceil(1 / 3 x 4) = 2
     noised = allocate(counts[:1], 100, 0, arithmetic, totals=torch.tensor([6, 1, 3]), num_clients=2)
     assert noised.tolist() == [[2, 0, 2]]
+    # a released sum below the client's own count (noise) counts as its own count: client 0's class 0 at 3, not 1
+    low = allocate(counts[:1], 100, 0, arithmetic, totals=torch.tensor([1, 1, 8]), num_clients=2)
+    assert low.tolist() == [[4, 0, 1]]  # M = ceil(10 / 3) = 4: ceil(3 / 3 x 4), ceil(1 / 8 x 4)
 
 
 def test_select_top_takes_most_confident_per_class():

@@ -93,3 +93,11 @@ def test_the_ledger_is_the_accountants_whole_state():
     ledger = Ledger([3], [1])
     back = Ledger.from_state(ledger.state_dict())
     assert accountant.epsilons(releases(), back, DELTA) == accountant.epsilons(releases(), ledger, DELTA)
+
+
+def test_the_librarys_rdp_reads_z_against_the_relations_own_sensitivity():
+    """fedur passes z / 2 under REPLACE_ONE because the library's RDP Gaussian event costs the same under either
+    relation (google/differential-privacy issue 378): if a release changes that, fedur's halving would count twice."""
+    costs = [library_epsilon(relation, [(dp_accounting.GaussianDpEvent(2.0), 1)])
+             for relation in (dp_accounting.NeighboringRelation.REPLACE_ONE, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)]
+    assert costs[0] == pytest.approx(costs[1]) == pytest.approx(2.165715659029443)
