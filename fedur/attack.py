@@ -170,10 +170,24 @@ def membership(run: Rebuilt, batch_size: int, seed: int) -> dict:
             merged = [{a: np.concatenate([part[side][a] for part in parts]) for a in parts[0][side]} for side in (0, 1)]
             together[name] = result_rows(name, merged[0], merged[1], labelled)
     rows = [*together.get("server", []), *personal, *together.get("zero_shot", [])]
+    means = mean_rows(personal, "personal_mean")
     return {"run": str(run.run_dir), "method": host.method.key, "round": run.round, "seed": seed,
             "members": "each training client's train images", "non_members": "its test images, balanced per client",
             "reference": "zero-shot CLIP (the frozen backbone before any federated training)", "attacks": ATTACKS,
-            "results": rows, "personal_mean": mean_rows(personal, "personal_mean"), "notes": notes}
+            "results": rows, "personal_mean": means, "notes": notes, "summary": headline(rows, means)}
+
+
+def headline(rows: list[dict], means: list[dict]) -> dict[str, float]:
+    """membership.json's "summary": one number per model and attack, as fedur-tables reads them ("server_auc",
+    "server_calibrated_auc", "personal_auc" (the mean over the personal models), "zero_shot_auc", and each one's
+    "..._tpr_at_1pct_fpr")."""
+    out = {}
+    for row in [r for r in rows if r["model"] in ("server", "zero_shot")] + means:
+        name = "personal" if row["model"] == "personal_mean" else row["model"]
+        suffix = "" if row["attack"] == "loss" else f"_{row['attack']}"
+        out[f"{name}{suffix}_auc"] = row["auc"]
+        out[f"{name}{suffix}_tpr_at_1pct_fpr"] = row["tpr_at_1pct_fpr"]
+    return out
 
 
 def notes_on(run: Rebuilt, labelled: bool, clients: int) -> list[str]:

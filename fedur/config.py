@@ -154,6 +154,9 @@ class EvaluationConfig:
     on base images with the base names (the personal protocol tests base), and the server's model is tested
     every round on the novel images with the novel names (novel_accuracy; base_novel_harmonic, the harmonic
     mean of the two)."""
+    membership_attack: bool = False
+    """After the last round, attack the run's models and histograms as `fedur-attack RUN` does (RUN/attack/;
+    docs/privacy-attacks.md). One rank only: a run on several ranks says to run fedur-attack after it."""
     held_out_domain: str | None = None
     """Leave-one-domain-out: this domain's images are held out of training (a dataset with domains; the clients
     split the others, e.g. federation.partition domain_dirichlet) and the server's model is tested on its test
@@ -393,7 +396,8 @@ PLUGINS = ("method", "labeller", "dataset")
 # (method.*, labeller.*, dataset.*) are its class's to say: its `result_neutral` (`neutral_settings`).
 RESULT_NEUTRAL = {
     "model.cache_dir", "data.num_workers", "data.cache", "data.cache_dir",
-    "federation.rounds", "optim.eval_batch_size", "evaluation.global_model", "run.output_dir", "run.resume", "run.force_resume",
+    "federation.rounds", "optim.eval_batch_size", "evaluation.global_model", "evaluation.membership_attack",
+    "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
     "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "run.figures", "fabric.accelerator",
     "fabric.devices", "fabric.num_nodes", "fabric.strategy",

@@ -17,6 +17,17 @@ from fedur.train import run_dir as run_dirs
 from fedur.train.preemption import StopRequest
 
 
+def attack_after(root: Path, fabric) -> None:
+    """evaluation.membership_attack: fedur-attack on the finished run, in this process (one rank)."""
+    if fabric.world_size > 1:
+        print(f"fedur: evaluation.membership_attack runs on one rank; attack this run with `fedur-attack {root}`")
+        return
+    from fedur.attack import attack, table
+
+    members, leak = attack(root, device=str(fabric.device.type))
+    print(table(members, leak))
+
+
 def run(cfg: Config, env: LaunchEnv | None = None, startup: Startup | None = None):
     """Train `cfg`'s federation (settled here, `fedur.settle`) and return the round loop's FitResult; None when the
     run directory holds a finished run (nothing to resume). `startup`: this process's clock from its start (the
@@ -61,6 +72,8 @@ def run(cfg: Config, env: LaunchEnv | None = None, startup: Startup | None = Non
         with StopRequest(requeue_on=requeue_on, requeue_deadline=run.requeue_deadline) as stop:  # stop after a commit
             result = fit(fabric, cfg, run_dir, resume, stop, settings, checked=claim.keep, startup=startup)
         Collectives(fabric).end_of_run()
+        if cfg.evaluation.membership_attack and result.summary is not None and fabric.is_global_zero:
+            attack_after(run_dir.root, fabric)
         return result
     finally:
         claim.release()

@@ -24,6 +24,7 @@ def write_figures(grid: Grid, cells: dict, specs: list[RunSpec], folder: Path) -
     for section in dict.fromkeys(c.section for c in grid.columns):
         files += table_bars(grid, cells, section, folder)
     files += figure3(grid, cells, folder)
+    files += privacy_figure(grid, cells, folder)
     for column in (c for c in grid.columns if c.runs is None):  # a reading column's runs are its owner's
         files += figure2(grid, [s for s in specs if s.column is column], folder)
     return files
@@ -87,6 +88,47 @@ def figure3(grid: Grid, cells: dict, folder: Path) -> list[Path]:
                             "final mean accuracy over clients (%)", log_x=prefix == "clients")
             files += save_figure(fig, folder / f"figure3-{prefix}")
     return files
+
+
+PRIVACY_SETTING = "privacy-"  # Column.setting of the privacy grid's columns: privacy-<mode>-<epsilon>, privacy-none
+
+
+def privacy_series(grid: Grid, cells: dict, section: str) -> dict[str, tuple[list, list, list, list]]:
+    """Accuracy against epsilon: "<row>, <mode>" -> (epsilons, means over the seeds, lowest seed, highest seed), the
+    run without privacy drawn at the right of the largest epsilon (x = 4 x the largest: "none")."""
+    columns = [c for c in grid.columns if c.section == section and c.setting.startswith(PRIVACY_SETTING)]
+    finite = [float(c.setting.rsplit("-", 1)[1]) for c in columns if not c.setting.endswith("-none")]
+    if not finite:
+        return {}
+    none_x = 4 * max(finite)
+    series = {}
+    for row in grid.rows:
+        for mode in dict.fromkeys(c.setting.split("-")[1] for c in columns if not c.setting.endswith("-none")):
+            points = []
+            for column in columns:
+                parts = column.setting.split("-")
+                if column.setting.endswith("-none") or parts[1] == mode:
+                    cell = cells.get((row.key, column.key))
+                    if cell is not None and cell.value:
+                        values = list(cell.value.values())
+                        x = none_x if column.setting.endswith("-none") else float(parts[2])
+                        points.append((x, statistics.fmean(values), min(values), max(values)))
+            if len(points) > 1:
+                series[f"{' '.join(label for label in row.labels if label != '-')}, {mode}"] = tuple(list(t) for t in zip(*sorted(points)))
+    return series
+
+
+def privacy_figure(grid: Grid, cells: dict, folder: Path) -> list[Path]:
+    """Accuracy against epsilon (the privacy grid): one panel per accuracy section, one line per method and mode, a
+    band from the lowest to the highest seed; the rightmost point of each line is the run without privacy."""
+    sections = [s for s in dict.fromkeys(c.section for c in grid.columns) if "accuracy" in s]
+    panels = {section: privacy_series(grid, cells, section) for section in sections}
+    panels = {section: series for section, series in panels.items() if series}
+    if not panels:
+        return []
+    fig = band_panels(panels, f"{grid.title}\naccuracy against epsilon (delta 1e-5; the rightmost point: no privacy)",
+                      "epsilon (log scale; rightmost: none)", "final accuracy (%)", log_x=True)
+    return save_figure(fig, folder / "privacy-accuracy-epsilon")
 
 
 def divergence_series(specs: list[RunSpec]) -> dict[str, dict[str, tuple[list, list, list, list]]]:

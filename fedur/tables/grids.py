@@ -287,6 +287,44 @@ PROTOCOL_NOTE = ("demo: configs/smoke.yaml (configs/demo-domains.yaml with domai
 
 TABLE1_NOTES = ("Table 1: ViT-B/32, Dirichlet label skew; 10 clients (5 for CUB and UCF101), 20 rounds x 10 local epochs.",)
 
+# Privacy against utility on the demo (docs/privacy.md): every method with its own labeller and its demo preset, at
+# epsilon 1, 4 and 16 (delta 1e-5; z calibrated to each, privacy.noise_multiplier calibrate) under central and local
+# privacy, and without. C is the demo's median update norm (0.03; benchmarks/results/privacy/demo-privacy.md). Each
+# run is attacked after it finishes (evaluation.membership_attack): the AUC columns read RUN/attack/.
+PRIVACY_METHODS = ("fedur", "fedcopl", "promptfl", *(("dpfpl",) if "dpfpl" in METHODS else ()))
+PRIVACY_EPSILONS = (1, 4, 16)
+PRIVACY_CLIP = "0.03"
+
+
+def privacy_column(mode: str, epsilon: int | None) -> Column:
+    """The demo with privacy.mode `mode` calibrated to `epsilon` (None: privacy off)."""
+    flags = ("--evaluation.membership_attack", "true")
+    if epsilon is None:
+        return Column("demo-privacy-none", "none", "personal accuracy", "smoke.yaml", "synthetic", "privacy-none", flags,
+                      "presets/demo")
+    flags += ("--privacy.mode", mode, "--privacy.noise_multiplier", "calibrate", "--privacy.target_epsilon", str(epsilon),
+              "--privacy.clip", PRIVACY_CLIP)
+    return Column(f"demo-privacy-{mode}-eps{epsilon}", f"{mode} ε={epsilon}", "personal accuracy", "smoke.yaml",
+                  "synthetic", f"privacy-{mode}-{epsilon}", flags, "presets/demo")
+
+
+PRIVACY_OWNERS = (privacy_column("none", None), *(privacy_column(mode, eps) for mode in ("central", "local")
+                                                  for eps in PRIVACY_EPSILONS))
+PRIVACY_COLUMNS = (
+    *PRIVACY_OWNERS,
+    *(replace(reading(c, "global", c.label, "final_global_accuracy"), section="global accuracy") for c in PRIVACY_OWNERS),
+    *(replace(reading(c, "auc", c.label, "attack.server_auc"), section="membership inference AUC, the server's model")
+      for c in PRIVACY_OWNERS),
+    *(replace(reading(c, "auc-personal", c.label, "attack.personal_auc"),
+              section="membership inference AUC, the personal models (mean)") for c in PRIVACY_OWNERS),
+    *(replace(reading(c, "histogram-tv", c.label, "attack.histogram_tv"),
+              section="histogram attack: the server's estimate of a client's class shares, total variation from the truth "
+                      "(mean over clients; higher: less learnt)") for c in PRIVACY_OWNERS),
+)
+PRIVACY_NOTE = ("demo: configs/smoke.yaml (4 clients, 5 rounds), each method with its demo preset; privacy at delta 1e-5, "
+                "C = 0.03, z calibrated to the epsilon of the column (docs/privacy.md); the AUC is fedur-attack's loss "
+                "attack, members (train images) against non-members (test images), 0.5 = nothing learnt.")
+
 GRIDS: dict[str, Grid] = {
     "table1": Grid(
         "table1", "Table 1: Dirichlet label skew (ViT-B/32)", PAPER_ROWS,
@@ -352,6 +390,10 @@ GRIDS: dict[str, Grid] = {
         PROTOCOL_ROWS, DEMO_SKEW_COLUMNS, ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False,
         notes=(PROTOCOL_NOTE,),
     ),
+    "demo-privacy": Grid(
+        "demo-privacy", "Privacy against utility on the demo", tuple(own_row(m) for m in PRIVACY_METHODS), PRIVACY_COLUMNS,
+        ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(PRIVACY_NOTE,), protocol="own",
+    ),
     "tiny": Grid(
         "tiny", "tiny: the mechanics tests' model and data (does not learn)",
         (FEDUR_ROW, FEDCOPL_ROW),
@@ -391,7 +433,7 @@ def config_path(config: str) -> Path:
 
 # Every grid with baseline rows also under the baselines' own protocol: fedur-tables table7-own, ...
 GRIDS.update({f"{name}-own": with_protocol(grid, "own") for name, grid in list(GRIDS.items())
-              if any(row.preset for row in grid.rows)})
+              if any(row.preset for row in grid.rows) and grid.protocol != "own"})
 
 
 @dataclass(frozen=True)

@@ -151,11 +151,19 @@ def other_settings(specs: list[RunSpec], inputs: Inputs) -> list[tuple[RunSpec, 
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    """A run's summary.json (None: the run has not finished, or the file is unreadable)."""
+    """A run's summary.json (None: the run has not finished, or the file is unreadable), with what fedur-attack
+    measured of it as "attack" (RUN/attack/membership.json's "summary"), where it was attacked."""
     try:
-        return json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
+    try:
+        summary["attack"] = json.loads((run_dir / "attack" / "membership.json").read_text())["summary"]
+        leak = json.loads((run_dir / "attack" / "histograms.json").read_text())
+        summary["attack"]["histogram_tv"] = leak.get("mean_tv")  # the server's estimate of each client's class shares
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        pass
+    return summary
 
 
 def status(spec: RunSpec) -> str:
