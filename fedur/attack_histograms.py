@@ -36,6 +36,9 @@ def server_estimate(line: dict, mode: str, num_clients: int) -> tuple[np.ndarray
     """((K, C) the server's estimate of every client's class shares at the refresh of metrics.jsonl's `line`, or None
     where the line does not record what was released; where it came from, or what is missing)."""
     rows, total, selection = line.get(RELEASED_ROWS), line.get(RELEASED_SUM), line.get(SELECTION)
+    if mode != "none" and RELEASED_SUM in line and total is None and rows is None and selection is not None:
+        classes = len(selection[0])  # privacy on, no histogram released (a labeller that needs none): nothing learnt
+        return np.full((num_clients, classes), 1.0 / classes), "nothing released at this refresh: uniform shares"
     if mode == "central":
         if total is not None:
             return np.repeat(shares(total)[None], num_clients, axis=0), f"{RELEASED_SUM}: the noised sum, the global shares"

@@ -105,6 +105,10 @@ def test_the_server_estimate_is_what_the_privacy_mode_releases():
     assert server_estimate(old, "central", 2)[0].tolist() == [[0.25, 0.75], [0.25, 0.75]]  # 2 + 0, 2 + 4
     estimate, missing = server_estimate(old, "local", 2)
     assert estimate is None and "no released_histograms" in missing
+    silent = {"round": 1, "selection": [[2, 2], [0, 4]], "released_histograms": None, "released_totals": None}
+    for mode in ("central", "local"):  # privacy on, nothing released at the refresh: the server learnt nothing
+        estimate, source = server_estimate(silent, mode, 2)
+        assert estimate.tolist() == [[0.5, 0.5], [0.5, 0.5]] and source.startswith("nothing released")
 
 
 def test_the_histogram_attack_against_the_true_shares_and_the_guesses_without_a_release():

@@ -39,6 +39,7 @@ class Privacy:
     target_quantile: float = 0.5
     clip_lr: float = 0.2
     count_std: float = 1.0
+    cooperative: bool = False  # the labeller releases its estimates at each refresh
     ledger: Ledger = field(init=False)
     stopped_before: int | None = None  # the round (from 1) the run stopped before, at privacy.target_epsilon
 
@@ -48,6 +49,12 @@ class Privacy:
     @property
     def local(self) -> bool:
         return self.mode == "local"
+
+    @property
+    def releases_selected(self) -> bool:
+        """Whether a refresh releases the selected counts (the class weights read their sum): the histograms beyond
+        a cooperative labeller's estimates."""
+        return self.releases.histograms_per_refresh > int(self.cooperative)
 
     # -- who takes part, and the uploads ------------------------------------------------------------------------
 
@@ -232,7 +239,8 @@ def build(cfg, federation: Federation, labeller, method, uploads: dict[str, Tens
                           "central privacy's (privacy.mode central); local mode clips at a fixed privacy.clip")
     num_clients, join_rate, train_sizes = federation.clients, federation.join_rate, federation.train_sizes
     sampled = math.ceil(join_rate * num_clients)
-    per_refresh = 0 if labeller is None else (2 if labeller.cooperative else 1)
+    # the cooperative estimates (the quotas), and the selected counts where the loss's class weights read them
+    per_refresh = 0 if labeller is None else int(labeller.cooperative) + int(weighs_classes(labeller))
     z = 1.0 if cfg.noise_multiplier == "calibrate" else float(cfg.noise_multiplier)
     z_h = z if cfg.histogram_noise is None else float(cfg.histogram_noise)
     releases = Releases(pieces=z if releases_update else None, histograms=z_h, histograms_per_refresh=per_refresh,
@@ -249,7 +257,8 @@ def build(cfg, federation: Federation, labeller, method, uploads: dict[str, Tens
     # Andrew et al.'s m / 20, or with few clients enough that the count takes a tenth of the budget: z_D = z / sqrt(0.9)
     count_std = cfg.clipped_count_stddev if cfg.clipped_count_stddev is not None else max(sampled / 20, math.sqrt(10) * z / 2)
     privacy = Privacy(cfg.mode, z, float(cfg.clip), float(cfg.delta), federation.seed, releases, bound,
-                      cfg.target_epsilon, cfg.adaptive_clip, float(cfg.target_quantile), float(cfg.clip_lr), float(count_std))
+                      cfg.target_epsilon, cfg.adaptive_clip, float(cfg.target_quantile), float(cfg.clip_lr), float(count_std),
+                      labeller is not None and labeller.cooperative)
     if cfg.adaptive_clip:
         privacy.update_multiplier(sampled)  # a ConfigError where the count's noise takes the whole budget
     if cfg.target_epsilon is not None:
@@ -266,3 +275,12 @@ def declares_messages(method) -> bool:
     from fedur.methods.base import ClientSide
 
     return type(method).messages is not ClientSide.messages
+
+
+def weighs_classes(labeller) -> bool:
+    """Whether the labeller's loss weighs its classes by the federation's selected counts (its `class_weights` of any
+    counts is not None): only then are the selected counts released at a refresh."""
+    import torch
+
+    ones = torch.ones(1, 2, dtype=torch.long)
+    return labeller.class_weights(ones, ones) is not None

@@ -85,7 +85,7 @@ def refresh_pseudo_labels(
     selected, hits, agreed = gathered[:, :num_classes], gathered[:, num_classes:num_classes + 2], gathered[:, num_classes + 2:]
     if quotas is None:
         all_estimated = quotas = selected
-    if privacy is None:
+    if privacy is None or not privacy.releases_selected:  # (a labeller without class weights reads no counts)
         weights = labeller.class_weights(quotas, selected)
     else:  # from the noised sum of the selected counts alone
         sent = {c.client_id: privacy.histogram(torch.bincount(c.pseudo_labels.labels, minlength=num_classes), c.client_id,

@@ -83,7 +83,7 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
         # what the other clients and the server received of each client's pseudo-labels at this refresh (the
         # cooperative estimates; privacy on: the noised rows of local privacy, or under central privacy only the
         # noised sum "released_totals")
-        **(released(refresh) if refreshed and refresh is not None else {}),
+        **(released(refresh, outcome.privacy is not None) if refreshed and refresh is not None else {}),
         "refreshed": refreshed,
         "participants": torch.nonzero(outcome.joined).flatten().tolist(),
         "lr": next((float(losses[k, 3]) for k, t in enumerate(trained) if t), None),  # the same for every client
@@ -100,12 +100,15 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
     }
 
 
-def released(refresh: Refresh) -> dict:
+def released(refresh: Refresh, private: bool) -> dict:
     """{"released_histograms": (K, C) or None, "released_totals": (C,) or None} of a refresh: the rows a client's
     histogram upload carried (the estimates in the clear without privacy; the noised rows under local privacy; none
-    under central privacy, whose only release is the noised sum)."""
-    if refresh.released_totals is None:  # no privacy: the estimates went as they are (the selection, not cooperating)
+    under central privacy, whose only release is the noised sum; neither under privacy with no histogram to release,
+    a labeller that neither cooperates nor weighs its classes)."""
+    if not private:  # the estimates went as they are (the selection, not cooperating)
         return {"released_histograms": refresh.estimated.tolist(), "released_totals": refresh.estimated.sum(dim=0).tolist()}
+    if refresh.released_totals is None:
+        return {"released_histograms": None, "released_totals": None}
     rows = refresh.released
     return {"released_histograms": None if not bool(rows.any()) else [[round(float(v), 3) for v in row] for row in rows],
             "released_totals": refresh.released_totals.tolist()}

@@ -9,7 +9,7 @@ import torch
 from fedur.config import PrivacyConfig
 from fedur.errors import ConfigError
 from fedur.federated import streams
-from fedur.labels import FPL, CoDPL
+from fedur.labels import FPL, CoDPL, CoPL
 from fedur.methods import GDAU, SCAFFOLD, FedUR, PromptFL, ZeroShot
 from fedur.privacy import Federation, build, mechanism
 
@@ -128,7 +128,12 @@ def test_calibrate_picks_the_smallest_z_whose_rounds_meet_the_target():
 
 def test_what_a_method_shares_and_labels_sets_what_is_accounted():
     plain = build(PrivacyConfig(mode="central"), Federation(4, 0.5, 1, train_sizes=SIZES), FPL(), PromptFL())
-    assert plain.releases.histograms_per_refresh == 1 and plain.releases.sampled == 2
+    assert plain.releases.histograms_per_refresh == 0 and plain.releases.sampled == 2  # FPL reads no counts
+    weighted = build(PrivacyConfig(mode="central"), Federation(4, 0.5, 1, train_sizes=SIZES), FPL(class_weights="inv"),
+                     PromptFL())
+    assert weighted.releases.histograms_per_refresh == 1 and weighted.releases_selected  # its class weights do
+    copl = build(PrivacyConfig(mode="central"), Federation(4, 1.0, 1, train_sizes=SIZES), CoPL(), PromptFL())
+    assert copl.releases.histograms_per_refresh == 1 and not copl.releases_selected  # its estimates only
     cooperative = build(PrivacyConfig(mode="local"), Federation(4, 1.0, 1, train_sizes=SIZES), CoDPL(), SCAFFOLD())
     assert cooperative.releases.histograms_per_refresh == 2 and cooperative.histogram_bound == 80.0
     assert build(PrivacyConfig(mode="none"), Federation(4, 1.0, 1), CoDPL(), FedUR()) is None
