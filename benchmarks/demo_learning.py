@@ -65,6 +65,10 @@ DIAGNOSTICS = {
     "fedcocoop-batch32": ["--method", "FedCoCoOp", "--config", str(PRESETS / "fedcocoop.yaml"), "--optim.batch_size", "32",
                           "--method.ctx_init", "null"],
     "fedcocoop-random-context": ["--method", "FedCoCoOp", "--config", str(PRESETS / "fedcocoop.yaml"), "--method.ctx_init", "null"],
+    # DP-FPL at its demo preset with its local noise on (z_l 1: std 10 on each factor's gradient every step), and with the
+    # tangent-space projection in place of its original's rebuilt gradient
+    "dpfpl-local-noise-1": ["--method", "DPFPL", "--config", str(PRESETS / "dpfpl.yaml"), "--method.local_noise", "1"],
+    "dpfpl-projection": ["--method", "DPFPL", "--config", str(PRESETS / "dpfpl.yaml"), "--method.gradient", "projection"],
 }
 ALL = {**VARIANTS, **DIAGNOSTICS}
 

@@ -37,7 +37,7 @@ def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
     assert grids.METHOD_CLASSES.items() >= {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL",
                                             "promptprox": "PromptProx", "pfedprompt": "PFedPrompt", "fedotp": "FedOTP",
                                             "zeroshot": "ZeroShot", "gdau": "GDAU", "fedpgp": "FedPGP", "fedtpg": "FedTPG",
-                                            "promptfolio": "PromptFolio", "scaffold": "SCAFFOLD"}.items()
+                                            "promptfolio": "PromptFolio", "scaffold": "SCAFFOLD", "dpfpl": "DPFPL"}.items()
     from fedur import plugins
 
     assert set(grids.METHOD_CLASSES.values()) == set(plugins.names("method"))
@@ -46,8 +46,8 @@ def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
                                      "fedotp": "FedOTP"}
     assert grids.LABELLER_LABELS == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
     assert set(grids.PRESETS) == {"promptfl", "promptprox", "pfedprompt", "fedotp", "fedpgp", "fedtpg", "promptfolio",
-                                  "fedcocoop", "fedkgcoop", "fedmaple", "fedpromptsrc", "pfedmoap", "fedpha"}
-    assert grids.NEW_BASELINES == ("fedcocoop", "fedpgp", "fedpha", "fedtpg", "fedkgcoop", "fedmaple", "pfedmoap",
+                                  "fedcocoop", "fedkgcoop", "fedmaple", "fedpromptsrc", "pfedmoap", "fedpha", "dpfpl"}
+    assert grids.NEW_BASELINES == ("fedcocoop", "dpfpl", "fedpgp", "fedpha", "fedtpg", "fedkgcoop", "fedmaple", "pfedmoap",
                                    "promptfolio", "fedpromptsrc", "scaffold")  # every method beside the paper's, by module
     assert grids.DATASET_LABELS == {"dtd": "DTD", "resisc45": "RESISC45", "cub": "CUB", "ucf101": "UCF101",
                                     "cifar10": "CIFAR10", "cifar100": "CIFAR100"}

@@ -400,7 +400,8 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
         "pfedprompt": ("PFedPrompt", 0.001, 5, 16, "cosine", "uniform"),
         "fedotp": ("FedOTP", 0.001, 1, 4, "constant", "data"),
     }
-    later = {"fedpgp", "fedtpg", "promptfolio", "fedcocoop", "fedkgcoop", "fedmaple", "fedpromptsrc", "pfedmoap", "fedpha"}
+    later = {"fedpgp", "fedtpg", "promptfolio", "fedcocoop", "fedkgcoop", "fedmaple", "fedpromptsrc", "pfedmoap", "fedpha",
+             "dpfpl"}
     assert set(PRESETS) == {*expected, *later}  # the later methods: demo grids, proxy Table 7
     assert {r.preset for r in own.rows} == set(expected) and all(c.presets == "presets" for c in own.columns)
     spec = {s.row.key: s for s in expand(own, [1], tmp_path) if s.column.key == "cifar10-beta0.1"}

@@ -18,6 +18,7 @@ from fedur.methods.base import (
     ServerSide,
 )
 from fedur.methods.cocoop import FedCoCoOp
+from fedur.methods.dpfpl import DPFPL
 from fedur.methods.fedotp import FedOTP
 from fedur.methods.fedpgp import FedPGP
 from fedur.methods.fedpha import FedPHA
@@ -36,7 +37,7 @@ from fedur.methods.scaffold import SCAFFOLD
 from fedur.methods.zeroshot import ZeroShot
 
 __all__ = [
-    "Aggregated", "ClientData", "ClientSide", "FedCoCoOp", "FedCoPL", "FedKgCoOp", "FedMaPLe", "FedOTP", "FedPGP", "FedPHA",
+    "Aggregated", "ClientData", "ClientSide", "DPFPL", "FedCoCoOp", "FedCoPL", "FedKgCoOp", "FedMaPLe", "FedOTP", "FedPGP", "FedPHA",
     "FedPromptSRC", "FedTPG", "FedUR", "GDAU", "GlobalModel",
     "GlobalView", "LocalBatch", "LocalRound", "LocalStep", "Method", "PFedMoAP", "PFedPrompt", "Piece", "PromptFL", "PromptFolio",
     "PromptProx",
