@@ -337,6 +337,22 @@ def test_reference_race_smoke(shared_dir, tmp_path):
     assert (tmp_path / "cpu-smoke.md").is_file()
 
 
+def test_privacy_selection_tables_a_grids_finished_runs_and_fails_on_none(tmp_path, capsys):
+    grid = tmp_path / "demo-privacy"
+    fedur_run(grid / "demo-privacy-central-eps4" / "fedur" / "seed1", "--privacy.mode", "central",
+              "--privacy.noise_multiplier", "2", "--evaluation.membership_attack", "true")
+    (grid / "demo-privacy-none" / "fedur" / "seed1").mkdir(parents=True)  # not finished: left out
+    capsys.readouterr()  # the run's own lines
+    assert exit_code(benchmark("privacy_selection").main, [str(grid)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 3 and table[2].startswith("| fedur | central-eps4 | 1 |")
+    epsilon, tv = table[2].split(" | ")[-2:]
+    assert float(epsilon) > 0 and 0 <= float(tv.rstrip(" |")) <= 1
+    empty = tmp_path / "empty"
+    (empty / "demo-privacy-none" / "fedur" / "seed1").mkdir(parents=True)
+    assert exit_code(benchmark("privacy_selection").main, [str(empty)]) == 1
+
+
 def test_every_benchmark_has_a_smoke_here():
     """A benchmark added to benchmarks/ without a smoke in this file fails here."""
     source = Path(__file__).read_text()

@@ -388,8 +388,10 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
 
     own, paper = GRIDS["table7-own"], GRIDS["table7"]
     assert (own.rows, own.columns, own.protocol, paper.protocol) == (paper.rows, paper.columns, "own", "fedur")
+    born_own = {"demo-privacy"}  # a grid of the 'own' protocol alone (each baseline at its demo preset)
     assert {f"{name}-own" for name, g in GRIDS.items() if g.protocol == "fedur" and any(r.preset for r in g.rows)} == {
-        name for name, g in GRIDS.items() if g.protocol == "own"}
+        name for name, g in GRIDS.items() if g.protocol == "own"} - born_own
+    assert all(GRIDS[name].protocol == "own" and f"{name}-own" not in GRIDS for name in born_own)
     assert "table7-own" in GRIDS and "tiny-own" not in GRIDS and "demo-table1-own" in GRIDS
     with pytest.raises(ValueError, match="unknown protocol 'mine'; use one of fedur, own"):
         with_protocol(paper, "mine")
