@@ -39,7 +39,7 @@ def roc_auc(members: np.ndarray, non_members: np.ndarray) -> float:
     member drawn at random scores above a non-member drawn at random, a tie counted half (the Mann-Whitney U over
     n_m n_n). Exact: from the midranks of the pooled scores, U = (sum of the members' ranks) - n_m (n_m + 1) / 2."""
     members, non_members = np.asarray(members, dtype=np.float64), np.asarray(non_members, dtype=np.float64)
-    if len(members) == 0 or len(non_members) == 0:
+    if len(members) == 0 or len(non_members) == 0:  # internal: fedur-attack leaves empty clients out first
         raise ValueError(f"an AUC needs members and non-members, got {len(members)} and {len(non_members)}")  # internal
     pooled = np.concatenate([members, non_members])
     _, inverse, counts = np.unique(pooled, return_inverse=True, return_counts=True)
@@ -55,7 +55,7 @@ def tpr_at_fpr(members: np.ndarray, non_members: np.ndarray, max_fpr: float = LO
     highest non-member score v, so the rate is the share of members scoring above v (every member when k >= n_n).
     With fewer than 1 / max_fpr non-members k is 0: the members scoring above every non-member."""
     members, non_members = np.asarray(members, dtype=np.float64), np.asarray(non_members, dtype=np.float64)
-    if len(members) == 0 or len(non_members) == 0:
+    if len(members) == 0 or len(non_members) == 0:  # internal: fedur-attack leaves empty clients out first
         raise ValueError(f"a TPR needs members and non-members, got {len(members)} and {len(non_members)}")  # internal
     allowed = math.floor(max_fpr * len(non_members) + 1e-9)  # the tolerance: 0.01 x 300 must stay 3
     if allowed >= len(non_members):

@@ -19,6 +19,8 @@ SHARED = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federa
 
 # Smaller than a method's defaults where a test checks a bound the tiny data would not reach.
 SMALLER = {"pfedprompt": ["--method.cache_shots", "4"], "fedpgp": ["--method.rank", "2"]}
+# Beside a method's defaults where its case should exercise more: DP-FPL's local noise, drawn per client and step.
+SMALLER["dpfpl"] = ["--method.local_noise", "1.0"]
 
 # One mechanism each, beside the methods' own cases.
 SPECIAL = {
