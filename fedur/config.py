@@ -251,6 +251,11 @@ class PrivacyConfig:
     """delta of the (epsilon, delta) guarantee the run reports."""
     target_epsilon: PositiveFloat | None = None
     """Stop before a round whose releases would take epsilon past this (null: run every round)."""
+    noise_seed: int | None = None
+    """The seed of the noise and of who takes part. null: drawn from the operating system's randomness at the run's
+    start, broadcast to the ranks and kept in the checkpoint (a resume continues it; nobody can replay the noise).
+    A fixed seed makes a private run repeatable, and its noise removable by anyone who knows it: for tests and
+    reproductions, not for a guarantee."""
     sampling: Literal["fixed", "poisson"] = "fixed"
     """How taking part is drawn and accounted: a fixed ceil(join_rate x K) clients without replacement (federation
     .join_rate; neighbouring federations differ in one client's data) or each client on its own with probability

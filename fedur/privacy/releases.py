@@ -10,7 +10,9 @@ client, and again after a resume.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+import secrets
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -22,6 +24,11 @@ from fedur.federated import streams
 from fedur.methods.base import shared_names
 from fedur.privacy.accountant import Ledger, Releases
 
+if TYPE_CHECKING:
+    from fedur.config import PrivacyConfig
+    from fedur.labels import Labeller
+    from fedur.methods import Method
+
 
 @dataclass
 class Privacy:
@@ -31,7 +38,7 @@ class Privacy:
     noise_multiplier: float
     clip_norm: float  # C now (adaptive clipping moves it; checkpointed)
     delta: float
-    seed: int
+    seed: int  # the noise's and the draw's secret seed (privacy.noise_seed, else drawn at the run's start; checkpointed)
     releases: Releases
     histogram_bound: float
     target_epsilon: float | None = None
@@ -58,12 +65,12 @@ class Privacy:
 
     # -- who takes part, and the uploads ------------------------------------------------------------------------
 
-    def participants(self, round_idx: int, num_clients: int) -> Tensor | None:
-        """(K,) bool under Poisson sampling (each client on its own with probability join_rate); None: the method
-        draws them (a fixed number, without replacement)."""
-        if self.releases.sampling != "poisson":
-            return None
-        return torch.from_numpy(streams.poisson_participants(num_clients, self.releases.rate, self.seed, round_idx))
+    def participants(self, round_idx: int, num_clients: int) -> Tensor:
+        """(K,) bool: who takes part, drawn from the secret seed (amplification by sampling needs a draw the adversary
+        cannot replay): ceil(join_rate K) without replacement, or each client with probability join_rate (Poisson)."""
+        if self.releases.sampling == "poisson":
+            return torch.from_numpy(streams.poisson_participants(num_clients, self.releases.rate, self.seed, round_idx))
+        return torch.from_numpy(streams.participants(num_clients, self.releases.rate, self.seed, round_idx))
 
     def client_update(self, upload: dict[str, Tensor], downloaded: dict[str, Tensor], client_id: int,
                       round_idx: int) -> tuple[dict[str, Tensor], bool]:
@@ -93,7 +100,7 @@ class Privacy:
                 rows[name] = torch.where(_rows(took_part, update), base + update, torch.zeros_like(update)).to(like[name].dtype)
             return rows
         denominator = self.releases.rate * self.releases.clients if self.releases.sampling == "poisson" else drawn
-        z = self.update_multiplier(drawn)
+        z = self.update_multiplier()
         generator = streams.noise_generator(self.seed, streams.NOISE_PIECES, round_idx)
         total = mechanism.flatten({name: u[took_part].sum(dim=0) for name, u in updates.items()})
         noised = (total + mechanism.gaussian(total.shape, z * self.clip_norm, generator)) / max(denominator, 1e-12)
@@ -105,7 +112,7 @@ class Privacy:
             self.clip_norm = self.next_clip(within[took_part], denominator, round_idx)
         return rows
 
-    def update_multiplier(self, drawn: int) -> float:
+    def update_multiplier(self) -> float:
         """The multiplier of the update's noise: z, or with adaptive clipping the share z_D the count leaves."""
         return mechanism.update_noise(self.noise_multiplier, self.count_std) if self.adaptive else self.noise_multiplier
 
@@ -117,19 +124,19 @@ class Privacy:
 
     # -- the histograms of a refresh -----------------------------------------------------------------------------
 
-    def histogram(self, counts: Tensor, client_id: int, refresh_round: int, what: int) -> Tensor:
+    def histogram(self, counts: Tensor, client_id: int, refresh_idx: int, what: int) -> Tensor:
         """(C,) float64: what leaves a client's rank of its histogram `counts` (what: streams.NOISE_ESTIMATES or
         NOISE_SELECTED): clipped to the bound, with its own noise in local mode."""
         std = self.releases.histograms * self.histogram_bound if self.local else 0.0
         return mechanism.noised_counts(counts, self.histogram_bound, std,
-                                       streams.noise_generator(self.seed, what, refresh_round, client_id))
+                                       streams.noise_generator(self.seed, what, refresh_idx, client_id))
 
-    def totals(self, released: Tensor, members: Tensor, refresh_round: int, what: int) -> Tensor:
+    def totals(self, released: Tensor, members: Tensor, refresh_idx: int, what: int) -> Tensor:
         """(C,) int64: the released sum over the `members` of their gathered histograms ((K, C) float64): their sum
         (local: each already noised) or the sum plus the server's N(0, (z_h B)^2) (central)."""
         total = released[members].sum(dim=0)
         if not self.local:
-            generator = streams.noise_generator(self.seed, what, refresh_round)
+            generator = streams.noise_generator(self.seed, what, refresh_idx)
             total = total + mechanism.gaussian(total.shape, self.releases.histograms * self.histogram_bound, generator)
         return mechanism.released_counts(total)
 
@@ -192,11 +199,20 @@ class Privacy:
                 f"(RDP accountant, dp-accounting){target}")
 
     def state_dict(self) -> dict:
-        return {"ledger": self.ledger.state_dict(), "clip": self.clip_norm}
+        """global.pt's "privacy": the ledger with the releases it was priced at, the clip, the secret seed."""
+        return {"ledger": self.ledger.state_dict(), "clip": self.clip_norm, "seed": self.seed,
+                "releases": asdict(self.releases)}
 
     def load_state_dict(self, state: dict) -> None:
+        """A resume: the ledger, the clip and the seed as committed. Refused where the releases are priced otherwise
+        now (a changed z, z_h, sampling or federation): the ledger counts releases, so it would re-price the past."""
+        priced = Releases(**state["releases"])
+        if priced != self.releases:
+            changed = {k: (v, getattr(self.releases, k)) for k, v in asdict(priced).items() if getattr(self.releases, k) != v}
+            raise ConfigError(f"the checkpoint's privacy ledger was priced at {changed} (checkpoint, now): a resume cannot "
+                              "change what past releases cost, not even with run.force_resume; start a new run")
         self.ledger = Ledger.from_state(state["ledger"])
-        self.clip_norm = float(state["clip"])
+        self.clip_norm, self.seed = float(state["clip"]), int(state["seed"])
 
 
 def _rows(mask: Tensor, like: Tensor) -> Tensor:
@@ -210,7 +226,7 @@ def _finite(value: float) -> float | None:
 @dataclass(frozen=True)
 class Federation:
     """What privacy's settings are read against: the federation's N clients (new clients held out not counted), the
-    join rate, the run's seed, its rounds and refresh period (what privacy.noise_multiplier calibrate calibrates for),
+    join rate, the noise's secret seed, its rounds and refresh period (what privacy.noise_multiplier calibrate calibrates for),
     and the clients' train images (None: before the data is read, fedur/settle.py's check: a histogram bound of 1)."""
 
     clients: int
@@ -221,7 +237,8 @@ class Federation:
     train_sizes: Tensor | None = None
 
 
-def build(cfg, federation: Federation, labeller, method, uploads: dict[str, Tensor] | None = None) -> Privacy | None:
+def build(cfg: PrivacyConfig, federation: Federation, labeller: Labeller | None, method: Method,
+          uploads: dict[str, Tensor] | None = None) -> Privacy | None:
     """The run's Privacy from its settings (`cfg`: fedur.config.PrivacyConfig; None for privacy.mode none), or a
     ConfigError in one line for a setting that cannot hold. `method`: the run's fedur.methods.Method; `uploads`: what
     a client uploads (its shared pieces and messages, ServerState; None: from the method's declarations)."""
@@ -256,11 +273,12 @@ def build(cfg, federation: Federation, labeller, method, uploads: dict[str, Tens
         1.0 if train_sizes is None else float(train_sizes.max()))
     # Andrew et al.'s m / 20, or with few clients enough that the count takes a tenth of the budget: z_D = z / sqrt(0.9)
     count_std = cfg.clipped_count_stddev if cfg.clipped_count_stddev is not None else max(sampled / 20, math.sqrt(10) * z / 2)
-    privacy = Privacy(cfg.mode, z, float(cfg.clip), float(cfg.delta), federation.seed, releases, bound,
-                      cfg.target_epsilon, cfg.adaptive_clip, float(cfg.target_quantile), float(cfg.clip_lr), float(count_std),
-                      labeller is not None and labeller.cooperative)
+    privacy = Privacy(mode=cfg.mode, noise_multiplier=z, clip_norm=float(cfg.clip), delta=float(cfg.delta),
+                      seed=federation.seed, releases=releases, histogram_bound=bound, target_epsilon=cfg.target_epsilon,
+                      adaptive=cfg.adaptive_clip, target_quantile=float(cfg.target_quantile), clip_lr=float(cfg.clip_lr),
+                      count_std=float(count_std), cooperative=labeller is not None and labeller.cooperative)
     if cfg.adaptive_clip:
-        privacy.update_multiplier(sampled)  # a ConfigError where the count's noise takes the whole budget
+        privacy.update_multiplier()  # a ConfigError where the count's noise takes the whole budget
     if cfg.target_epsilon is not None:
         first = privacy.epsilon_after(refreshes=labeller is not None)
         if first > cfg.target_epsilon:
@@ -277,10 +295,13 @@ def declares_messages(method) -> bool:
     return type(method).messages is not ClientSide.messages
 
 
-def weighs_classes(labeller) -> bool:
+def weighs_classes(labeller: Labeller) -> bool:
     """Whether the labeller's loss weighs its classes by the federation's selected counts (its `class_weights` of any
     counts is not None): only then are the selected counts released at a refresh."""
-    import torch
-
     ones = torch.ones(1, 2, dtype=torch.long)
     return labeller.class_weights(ones, ones) is not None
+
+
+def secret_seed() -> int:
+    """A seed for the noise and the draw that nobody can replay: from the operating system's randomness."""
+    return secrets.randbits(62)

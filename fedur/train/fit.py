@@ -17,6 +17,7 @@ from fedur.federated.collectives import Collectives
 from fedur.federated.placement import placement_table
 from fedur.launch_env import Startup, software_environment
 from fedur.privacy import Federation, build
+from fedur.privacy.releases import secret_seed
 from fedur.train import checkpoint
 from fedur.train.evaluate import evaluate_zero_shot
 from fedur.train.host import Host
@@ -77,8 +78,6 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     recorder = open_recorder(host, cfg, run_dir, history, start_round, truth, skipped)
     server, plan = ServerState.start(host.method, host.model, host.start), round_plan(cfg, host, truth)
     state = RunState(server, privacy=private_releases(cfg, host, plan, server))
-    if state.privacy is not None:
-        recorder.note(state.privacy.describe())
     if saved is None:
         with startup.timing("zero_shot"):
             counts, held_out = evaluate_zero_shot(host)
@@ -86,6 +85,8 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     else:
         state.load_state_dict(saved)
         recorder.note(f"resumed from {resume.folder} (round {start_round + 1} of {cfg.federation.rounds} is next)")
+    if state.privacy is not None:  # (after a resume: with the clip it restored)
+        recorder.note(state.privacy.describe())
 
     recorder.startup = startup.seconds(time.time())  # everything before round 1
     last, start_time, wall_before = None, time.perf_counter(), state.wall_seconds
@@ -120,8 +121,11 @@ def round_plan(cfg: Config, host: Host, truth: Truth) -> RoundPlan:
 
 def private_releases(cfg: Config, host: Host, plan: RoundPlan, server: ServerState):
     """privacy.mode central | local: the run's releases and their accountant (None: privacy off)."""
-    training = host.training
-    federation = Federation(int(training.sum()), cfg.federation.join_rate, cfg.run.seed, plan.rounds, plan.refresh_every,
+    if cfg.privacy.mode == "none":
+        return None
+    training, seed = host.training, cfg.privacy.noise_seed  # a secret one, the same on every rank (a resume: the saved)
+    seed = host.fabric.broadcast(secret_seed() if host.fabric.is_global_zero else None, src=0) if seed is None else seed
+    federation = Federation(int(training.sum()), cfg.federation.join_rate, seed, plan.rounds, plan.refresh_every,
                             plan.train_sizes[training])
     return build(cfg.privacy, federation, host.tuner.labeller, host.method, {**server.shared, **server.messages})
 

@@ -51,22 +51,24 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
 
     num_training = int(training.sum())  # the others: evaluation.new_clients
     joined = torch.zeros(host.num_clients, dtype=torch.bool, device="cpu")  # drawn among the training clients only
-    poisson = None if state.privacy is None else state.privacy.participants(round_idx, num_training)
-    joined[:num_training] = method.participants(round_idx, num_training, plan.join_rate, plan.seed) if poisson is None else poisson
+    private = state.privacy  # privacy.mode central | local (None: off)
+    joined[:num_training] = (method.participants(round_idx, num_training, plan.join_rate, plan.seed) if private is None
+                             else private.participants(round_idx, num_training))  # privacy: from its secret seed
     selected = None if state.refresh is None else state.refresh.selected.sum(dim=1)
     weights = method.client_weights(selected, plan.train_sizes) * joined  # 0 for the clients that sit out,
     if selected is not None:  # and for those without a pseudo-label: nothing to train on, nothing to upload
         weights = weights * (selected > 0)
-    if state.privacy is not None:  # the same weight for every client that takes part: a weight would leak its data
-        weights = (weights > 0).to(weights.dtype)
     started = {c.client_id: c.pieces for c in host.clients}  # before local training, for the divergence
     local_losses, local = train_clients(host, state, round_idx, weights, plan) if method.trains else ({}, {})
     clock.lap("train")
 
-    divergence = prompt_divergence(host, started, weights)
-    method_metrics = exchange(host, state.server, weights, local, round_idx + 1, plan.rounds, state.privacy, int(joined.sum()))
-    if state.privacy is not None:
-        state.privacy.record(weights > 0, refreshed)
+    # the clients' raw updates are no release of a private run: no divergence of them
+    divergence = prompt_divergence(host, started, weights) if private is None else {}
+    if private is not None:  # every drawn client uploads (a zero update without pseudo-labels), with the same weight:
+        weights = joined.to(weights.dtype)  # who uploads, and a weight by its counts, would release its data
+    method_metrics = exchange(host, state.server, weights, local, round_idx + 1, plan.rounds, private, int(joined.sum()))
+    if private is not None:
+        private.record(joined, refreshed)
     clock.lap("aggregate")
 
     evaluation = evaluate_round(host, state.server, with_confusion=round_idx == plan.rounds - 1,
@@ -75,7 +77,9 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
     clock.lap("evaluate")
 
     piece_bytes = state.server.upload_bytes()  # {name: bytes} of one client's upload
-    histograms = (2 if labeller is not None and labeller.cooperative else 1) * host.model.num_classes * INT64_BYTES
+    cooperative = labeller is not None and labeller.cooperative
+    per_refresh = (2 if cooperative else 1) if private is None else private.releases.histograms_per_refresh
+    histograms = per_refresh * host.model.num_classes * INT64_BYTES  # (privacy: float64, as many bytes)
     uploads = (weights > 0) * sum(piece_bytes.values()) + (histograms * training if refreshed else 0)
     return RoundOutcome(
         round_idx=round_idx, rounds=plan.rounds, refreshed=refreshed, refresh=state.refresh, joined=joined,

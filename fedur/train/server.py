@@ -51,14 +51,16 @@ def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, 
     method, data = host.method, host.client_data
     expected = {**server.shared, **server.messages}
     local_uploads = {}
-    for client in (c for c in host.clients if weights[c.client_id] > 0):
+    trained = lambda c: privacy is None or c.client_id in local or not method.trains  # noqa: E731
+    for client in (c for c in host.clients if weights[c.client_id] > 0 and trained(c)):  # (privacy: a drawn client
+        # that trained nothing sends a zero update, private_exchange)
         upload = local_uploads[client.client_id] = method.upload(client, data, local.get(client.client_id))
         if set(upload) != set(expected):
             raise PluginError(f"{type(method).__name__}.upload of client {client.client_id} sent {sorted(upload)}; it must "
                              f"send one tensor per shared piece and message: {sorted(expected)}")
         check_tensors(client.extra, f"{type(method).__name__}.upload's client.extra")
     if privacy is not None:
-        return private_exchange(host, server, weights, local_uploads, number, rounds, privacy, drawn)
+        return private_exchange(host, server, weights, local_uploads, expected, (number, rounds), privacy, drawn)
     uploads = {}  # {name: (K, *shape)}, or the (*shape) sum over the clients that took part for method.summed
     for name, like in expected.items():
         pieces, what = {k: upload[name] for k, upload in local_uploads.items()}, f"{name} uploads"
@@ -70,12 +72,16 @@ def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, 
 
 
 def private_exchange(host: Host, server: ServerState, weights: Tensor, local_uploads: dict[int, dict[str, Tensor]],
-                     number: int, rounds: int, privacy: Privacy, drawn: int) -> dict:
-    """`exchange` with privacy on: each client's update clipped (and noised, local) on its rank, gathered as float64
-    with whether its norm was within the clip (adaptive clipping's count), then the rows the method aggregates."""
-    expected = {**server.shared, **server.messages}
+                     expected: dict[str, Tensor], round_of: tuple[int, int], privacy: Privacy, drawn: int) -> dict:
+    """`exchange` with privacy on: every drawn client's (weight > 0) update clipped (and noised, local) on its rank, a
+    zero update where it trained nothing (no pseudo-labels), gathered as float64 with whether its norm was within the
+    clip (adaptive clipping's count); then the rows the method aggregates. `round_of`: (the round from 1, rounds)."""
+    number, rounds = round_of
     updates, within = {}, {}
-    for k, upload in local_uploads.items():
+    for client in (c for c in host.clients if weights[c.client_id] > 0):
+        k = client.client_id
+        upload = local_uploads.get(k) or {  # none: its pieces as downloaded, its messages zero (an update of zeros)
+            name: server.shared[name] if name in server.shared else torch.zeros_like(like) for name, like in expected.items()}
         updates[k], inside = privacy.client_update(upload, server.shared, k, number - 1)
         within[k] = torch.tensor(int(inside), device="cpu")
     gathered = {name: host.gather({k: u[name] for k, u in updates.items()}, like=like.double(), what=f"{name} updates")

@@ -67,3 +67,33 @@ def test_with_privacy_off_its_other_settings_are_not_the_runs():
     assert flat["privacy.mode"] == "none" and not [k for k in flat if k.startswith("privacy.") and k != "privacy.mode"]
     settings["privacy"]["mode"] = "central"
     assert result_settings(settings)["privacy.noise_multiplier"] == 3.0
+
+
+def test_the_noise_seed_is_secret_by_default_and_a_resume_continues_the_saved_one(run_main, tmp_path):
+    import torch
+
+    from fedur.train import checkpoint
+
+    seeds = []
+    for name in ("a", "b"):
+        result = run_main(*TINY, *CENTRAL, "--federation.rounds", "2", "--run.output_dir", str(tmp_path / name))
+        assert result.returncode == 0, result.stderr
+        saved = torch.load(checkpoint.latest(tmp_path / name).folder / "global.pt", weights_only=True)
+        seeds.append(saved["privacy"]["seed"])
+        assert str(seeds[-1]) not in (tmp_path / name / "config.yaml").read_text()
+    assert seeds[0] != seeds[1]  # drawn from the OS: 62 bits
+    assert read_rounds(tmp_path / "a")[-1]["global_accuracy"] is not None
+    # a resume for two more rounds keeps the seed it committed
+    result = run_main(*TINY, *CENTRAL, "--federation.rounds", "4", "--run.output_dir", str(tmp_path / "a"), "--run.resume", "true")
+    assert result.returncode == 0, result.stderr
+    resumed = torch.load(checkpoint.latest(tmp_path / "a").folder / "global.pt", weights_only=True)["privacy"]
+    assert resumed["seed"] == seeds[0] and resumed["ledger"]["rounds"] == [4]
+
+
+def test_a_resume_that_would_reprice_past_releases_is_refused(run_main, tmp_path):
+    result = run_main(*TINY, *CENTRAL, "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    result = run_main(*TINY, "--privacy.mode", "central", "--privacy.noise_multiplier", "4", "--federation.join_rate", "0.75",
+                      "--federation.rounds", "2", "--run.output_dir", str(tmp_path / "run"), "--run.resume", "true",
+                      "--run.force_resume", "true")
+    assert result.returncode != 0 and "cannot change what past releases cost" in result.stderr

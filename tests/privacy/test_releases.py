@@ -70,7 +70,7 @@ def test_adaptive_clipping_shrinks_c_when_every_update_fits_and_the_round_costs_
     count_noise = float(mechanism.gaussian((1,), 1.0, streams.noise_generator(7, streams.NOISE_CLIP_COUNT, 3))[0])
     # the count centred (4 x (1 - 1/2) = 2) and noised, back to a fraction: (2 + noise) / 4 + 1/2
     assert privacy.clip_norm == pytest.approx(math.exp(-0.2 * ((2 + count_noise) / 4 + 0.5 - 0.5)))
-    assert privacy.update_multiplier(4) == pytest.approx(1 / math.sqrt(1 - 0.25))
+    assert privacy.update_multiplier() == pytest.approx(1 / math.sqrt(1 - 0.25))
 
 
 def test_histograms_central_the_sum_is_noised_once_local_each_row_is():
