@@ -11,7 +11,7 @@ from dp_accounting import rdp
 
 from fedur.config import Config, result_settings
 
-from ..conftest import read_rounds
+from ..conftest import read_rounds, scalar_curve
 
 TINY = ["--config", "configs/tiny.yaml", "--run.progress", "false"]
 CENTRAL = ["--privacy.mode", "central", "--privacy.noise_multiplier", "2", "--federation.join_rate", "0.75"]
@@ -38,6 +38,9 @@ def test_every_rounds_epsilon_is_the_librarys_composition_of_the_runs_releases(r
     assert refresh["released_histograms"] is None and len(refresh["released_totals"]) == 5  # central: the sum only
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["privacy"]["epsilon"] == rounds[-1]["epsilon"] and not summary["privacy"]["stopped_at_target"]
+    curve = scalar_curve(tmp_path / "run" / "tensorboard", "privacy/epsilon")  # TensorBoard's, in float32
+    assert [step for step, _ in curve] == [1, 2, 3, 4]
+    assert [value for _, value in curve] == pytest.approx([r["epsilon"] for r in rounds], rel=1e-6)
 
 
 def test_the_run_stops_before_a_round_that_would_pass_its_target(run_main, tmp_path):
