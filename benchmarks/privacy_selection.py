@@ -38,6 +38,13 @@ def run_numbers(run: Path) -> dict | None:
     }
 
 
+def setting_order(column: Path) -> tuple:
+    """none first, then central and local, each by epsilon."""
+    parts = column.name.removeprefix("demo-privacy-").split("-")
+    mode = {"none": 0, "central": 1, "local": 2}.get(parts[0], 3)
+    return (mode, float(parts[1].removeprefix("eps")) if len(parts) > 1 and parts[1].startswith("eps") else 0.0, column.name)
+
+
 def mean_of(values: list[float | None]) -> str:
     present = [v for v in values if v is not None]
     return f"{statistics.fmean(present):.2f}" if present else "n/a"
@@ -47,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("grid", type=Path, help="the grid's folder (<--out>/demo-privacy)")
     args = parser.parse_args(argv)
-    columns = sorted(p for p in args.grid.iterdir() if p.is_dir() and p.name.startswith("demo-privacy-"))
+    columns = sorted((p for p in args.grid.iterdir() if p.is_dir() and p.name.startswith("demo-privacy-")), key=setting_order)
     methods = sorted({m.name for c in columns for m in c.iterdir() if m.is_dir()})
     lines = ["| method | setting | seeds | personal acc. | pseudo-label acc. | selected per refresh | epsilon | histogram TV |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -40,6 +40,7 @@ ACCURACIES = {
     "final_held_out_domain_accuracy": "held-out domain: the server's model on the test images of the domain no client "
                                       "holds",
     "final_domain_mean": "feature skew: each domain's accuracy as the mean over its clients, then the mean over domains",
+    "attack": "fedur-attack's measurements of each run (RUN/attack/, docs/privacy-attacks.md), as each section's title says",
 }
 
 
