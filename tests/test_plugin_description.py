@@ -70,7 +70,7 @@ def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
 
 # What config.py's RESULT_NEUTRAL and run_dir.py's ADDED_SETTINGS listed by hand before the classes said it (and the
 # evaluation group's, added since with the evaluation protocols).
-OLD_RESULT_NEUTRAL = {"evaluation.global_model", "run.figures",
+OLD_RESULT_NEUTRAL = {"evaluation.global_model", "evaluation.membership_attack", "run.figures",
     "model.cache_dir", "dataset.root", "dataset.download", "data.num_workers", "data.cache", "data.cache_dir",
     "federation.rounds", "optim.eval_batch_size", "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
@@ -94,7 +94,8 @@ def test_fedur_plugins_record_and_compare_the_same_settings_as_before(plugins):
     cfg = parse_config([*TINY, *plugins])
     flat = flat_settings(cfg.settings)
     settings = result_settings(cfg.settings)
-    assert settings == {k: v for k, v in flat.items() if k not in OLD_RESULT_NEUTRAL}  # the checkpoints' record
+    off = {k for k in flat if k.startswith("privacy.") and k != "privacy.mode"}  # privacy off: only its mode is recorded
+    assert settings == {k: v for k, v in flat.items() if k not in OLD_RESULT_NEUTRAL | off}  # the checkpoints' record
     old_run = {k: v for k, v in settings.items() if k not in OLD_ADDED_SETTINGS}  # a checkpoint from before them
     for now in (settings, {**settings, **{k: "other" for k in OLD_ADDED_SETTINGS if k in settings}}):
         as_before = {**{k: v for k, v in OLD_ADDED_SETTINGS.items() if k in now}, **old_run}  # run_dir.py's rule then

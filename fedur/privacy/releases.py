@@ -25,7 +25,6 @@ from fedur.methods.base import shared_names
 from fedur.privacy.accountant import Ledger, Releases
 
 if TYPE_CHECKING:
-    from fedur.config import PrivacyConfig
     from fedur.labels import Labeller
     from fedur.methods import Method
 
@@ -237,7 +236,7 @@ class Federation:
     train_sizes: Tensor | None = None
 
 
-def build(cfg: PrivacyConfig, federation: Federation, labeller: Labeller | None, method: Method,
+def build(cfg, federation: Federation, labeller: Labeller | None, method: Method,
           uploads: dict[str, Tensor] | None = None) -> Privacy | None:
     """The run's Privacy from its settings (`cfg`: fedur.config.PrivacyConfig; None for privacy.mode none), or a
     ConfigError in one line for a setting that cannot hold. `method`: the run's fedur.methods.Method; `uploads`: what
