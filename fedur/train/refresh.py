@@ -101,7 +101,7 @@ def refresh_pseudo_labels(
 
 
 def private_quotas(host: Host, labeller: Labeller, privacy: Privacy, probs: dict[int, Tensor], hosted: list,
-                   members: Tensor, n_total: int, refresh_idx: int) -> tuple[Tensor, Tensor]:
+                   members: Tensor, n_total: int, refresh_idx: int) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
     """The cooperative allocation with privacy on: every client's estimate leaves its rank clipped (and noised,
     local), the noised sum over the members is released, and each client's quotas are its own estimate's share of
     it (Labeller.allocate with `totals`). Returns the gathered estimates as counts (K, C), every client's quotas, and
