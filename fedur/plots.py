@@ -75,9 +75,10 @@ def line_plot(
     title: str,
     xlabel: str,
     ylabel: str,
+    integer_x: bool = True,
 ) -> Figure:
     """One line with markers per name -> (xs, ys); a None y breaks the line. The legend (up to 20
-    names) sits to the right of the axes."""
+    names) sits to the right of the axes. `integer_x`: ticks at whole numbers only (rounds)."""
     fig, ax = plt.subplots(figsize=(8.5, 4.8), layout="constrained")
     for name, (xs, ys) in series.items():
         values = [np.nan if y is None else y for y in ys]
@@ -86,7 +87,8 @@ def line_plot(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, color="0.9")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    if integer_x:
+        ax.xaxis.get_major_locator().set_params(integer=True)
     if 0 < len(series) <= 20:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     return fig

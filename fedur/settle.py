@@ -52,6 +52,36 @@ def settle_num_clients(cfg: Config) -> int | None:
     return fed.num_clients
 
 
+def check_uploads(cfg: Config, labeller, held: int) -> None:
+    """The refusals of how clients answer (federation.drop_rate ... clip_norm; fedur/train/uploads.py), in one line."""
+    from fedur.methods.base import shared_names
+    from fedur.train.uploads import build
+
+    fed, method = cfg.federation, cfg.method
+    build(fed, fed.num_clients - held, cfg.run.seed, cfg.optim.batch_size, fed.local_epochs)
+    robust = fed.aggregator != "mean"
+    if robust and (method.summed or not shared_names(method)):
+        what = "sums its clients' statistics (Method.summed)" if method.summed else "shares no piece"
+        raise ConfigError(f"federation.aggregator={fed.aggregator} combines the clients' uploads of the shared pieces, and "
+                          f"{type(method).__name__} {what}; use federation.aggregator=mean")
+    if fed.attack in ("sign_flip", "scale", "gaussian", "constant") and not shared_names(method):
+        raise ConfigError(f"federation.attack={fed.attack} replaces a client's update of the shared pieces, and "
+                          f"{type(method).__name__} shares none; label_flip poisons its pseudo-labels instead")
+    if fed.attack == "label_flip" and labeller is None:
+        raise ConfigError(f"federation.attack=label_flip flips pseudo-labels, and {type(method).__name__} has none")
+    if cfg.privacy.mode != "none":
+        combined = [key for key, on in (("federation.drop_rate", fed.drop_rate > 0), ("federation.over_select", fed.over_select > 0),
+                                        ("federation.aggregator", robust)) if on]
+        if combined:
+            raise ConfigError(f"privacy.mode={cfg.privacy.mode} does not combine with {', '.join(combined)} yet: the "
+                              "private release is the noised mean of every drawn client's update (a lost histogram, a "
+                              "surplus upload or a robust rule over the rows is not in its accounting); "
+                              "federation.deadline and attackers do combine")
+    if fed.over_select and fed.join_rate == 1:
+        raise ConfigError("federation.over_select asks more clients than federation.join_rate draws, and join_rate 1 "
+                          "draws every client already; lower join_rate")
+
+
 def check(cfg: Config, env: LaunchEnv) -> None:
     """What the annotations cannot check, on a settled Config."""
     labeller = cfg.method.pair(cfg.labeller)
@@ -62,6 +92,7 @@ def check(cfg: Config, env: LaunchEnv) -> None:
         fed = cfg.federation
         federation = Federation(fed.num_clients - held, fed.join_rate, cfg.run.seed, cfg.method.rounds(fed.rounds), fed.refresh_every)
         build(cfg.privacy, federation, labeller, cfg.method)
+    check_uploads(cfg, labeller, held)
     held_out = cfg.evaluation.base_to_novel or cfg.evaluation.held_out_domain is not None
     if held_out and cfg.federation.partition == "file":
         raise ConfigError("evaluation.base_to_novel and evaluation.held_out_domain choose the clients' images themselves; "

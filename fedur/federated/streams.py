@@ -53,3 +53,34 @@ def poisson_participants(num_clients: int, rate: float, seed: int, round_idx: in
     """(num_clients,) bool: each client takes part on its own with probability `rate` (privacy.sampling poisson)."""
     rng = np.random.default_rng(_seed(seed, _PARTICIPATION, round_idx, 1))
     return rng.random(num_clients) < rate
+
+
+_SYSTEM = 5  # who answers, how fast, who attacks (federation.drop_rate, speeds, attackers)
+LOST_UPLOAD, LOST_HISTOGRAM, SPEED, BANDWIDTH, ATTACKERS, ATTACK_NOISE = 1, 2, 3, 4, 5, 6
+
+
+def lost(num_clients: int, rate: float, seed: int, round_idx: int, what: int = LOST_UPLOAD) -> np.ndarray:
+    """(num_clients,) bool: whose upload `what` (LOST_UPLOAD: the round's update; LOST_HISTOGRAM: a refresh's
+    histograms) is lost in round `round_idx`, each client on its own with probability `rate`, from a stream of its
+    own (the same on every rank, and for client k whatever the number of clients)."""
+    if rate == 0:
+        return np.zeros(num_clients, dtype=bool)
+    draws = [np.random.default_rng(_seed(seed, _SYSTEM, what, round_idx, k)).random() for k in range(num_clients)]
+    return np.asarray(draws) < rate
+
+
+def client_factors(num_clients: int, spread: float, seed: int, what: int) -> np.ndarray:
+    """(num_clients,) float64 exp(spread * z_k), z_k ~ N(0, 1) from client k's own stream: a client's lognormal
+    speed (`what` SPEED) or bandwidth (BANDWIDTH) factor, fixed for the run."""
+    return np.exp([spread * np.random.default_rng(_seed(seed, _SYSTEM, what, k)).standard_normal() for k in range(num_clients)])
+
+
+def chosen(num_clients: int, count: int, seed: int, what: int = ATTACKERS) -> list[int]:
+    """`count` distinct client ids of `num_clients`, drawn once for the run (the attackers), ascending."""
+    rng = np.random.default_rng(_seed(seed, _SYSTEM, what))
+    return sorted(int(k) for k in rng.choice(num_clients, size=count, replace=False))
+
+
+def attack_generator(seed: int, client_id: int, round_idx: int) -> torch.Generator:
+    """The stream of an attacker's garbage (federation.attack gaussian) in round `round_idx`."""
+    return torch.Generator().manual_seed(_seed(seed, _SYSTEM, ATTACK_NOISE, round_idx, client_id))

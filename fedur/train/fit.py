@@ -33,6 +33,8 @@ from fedur.train.run_dir import History, RunDir
 from fedur.train.server import ServerState
 from fedur.train.setup import Truth, describe, setup
 from fedur.train.state import RunState
+from fedur.train.uploads import build as upload_rules
+from fedur.train.uploads import check_deadline
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # agreed as max over ranks: SIGUSR1 (requeue) wins
 
@@ -77,6 +79,7 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     collectives.barrier("run directory")
     recorder = open_recorder(host, cfg, run_dir, history, start_round, truth, skipped)
     server, plan = ServerState.start(host.method, host.model, host.start), round_plan(cfg, host, truth)
+    check_deadline(plan.rules, sum(server.upload_bytes().values()))
     state = RunState(server, privacy=private_releases(cfg, host, plan, server))
     if saved is None:
         with startup.timing("zero_shot"):
@@ -87,6 +90,8 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
         recorder.note(f"resumed from {resume.folder} (round {start_round + 1} of {cfg.federation.rounds} is next)")
     if state.privacy is not None:  # (after a resume: with the clip it restored)
         recorder.note(state.privacy.describe())
+    if plan.rules.active:
+        recorder.note(plan.rules.describe())
 
     recorder.startup = startup.seconds(time.time())  # everything before round 1
     last, start_time, wall_before = None, time.perf_counter(), state.wall_seconds
@@ -102,6 +107,8 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
         received = agreed_stop(collectives, stop)
         if received and round_idx + 1 < plan.rounds:
             return stop_early(host, stop, state, round_idx, plan.rounds, received)
+    if plan.rules.active:
+        recorder.record_virtual_time()
     summary = finish(host, cfg, run_dir, recorder, state, plan, last, wall)
     return FitResult(summary, host, state.server.shared)
 
@@ -116,6 +123,7 @@ def round_plan(cfg: Config, host: Host, truth: Truth) -> RoundPlan:
                            optim.cosine_epochs, optim.warmup_epochs, optim.warmup_lr),
         optimizer_state=optim.optimizer_state, global_model=cfg.evaluation.global_model,
         train_sizes=host.gather(sizes, like=torch.tensor(0, device="cpu"), what="train sizes"), train_labels=truth.train_labels,
+        rules=upload_rules(fed, int(host.training.sum()), cfg.run.seed, optim.batch_size, fed.local_epochs),
     )
 
 
@@ -184,6 +192,7 @@ def finish(host: Host, cfg: Config, run_dir: RunDir, recorder: Recorder, state: 
         "dataset": host.dataset.name, "method": method.key, "labeller": None if labeller is None else labeller.key,
         "skipped_images": recorder.skipped, "train_labels": plan.train_labels is not None, "test_labels": recorder.test_labels,
         **domains, **({} if state.privacy is None else {"privacy": state.privacy.summary()}),
+        **({"system": plan.rules.summary(recorder.rounds)} if plan.rules.active else {}),
         "environment": software_environment(fabric.device)})
 
 

@@ -53,7 +53,7 @@ def client_optimizer(host: Host, round_idx: int, optimizer_state: dict | None, p
 
 
 def train_unit(host: Host, clients: list[ClientState], round_idx: int, optimizer_states: list[dict | None],
-               optim: Optimization, class_weights: Tensor | None) -> list[LocalResult]:
+               optim: Optimization, class_weights: Tensor | None, limits: list[int | None] | None = None) -> list[LocalResult]:
     """Train the clients of one unit (a client alone, or a group of run.clients_per_step) for `optim`'s local
     epochs on their selected pseudo-labels, in place; `class_weights`: (C,) of the cross-entropy (None: unweighted).
 
@@ -63,17 +63,18 @@ def train_unit(host: Host, clients: list[ClientState], round_idx: int, optimizer
     its next one (its own data order); the batches go through the method's grouped forward, and the step
     backpropagates the sum of the clients' own losses, so each client's pieces get their own gradient. Each
     client has its own SGD and schedule and steps only when it had a batch; the method's before_step and
-    after_step see each step.
+    after_step see each step. `limits`: each client's most local steps (None: all; federation.late partial: a late
+    client stops where the deadline cuts it, its data order and schedule as if it went on).
     """
     host.model.train()  # what the method's hooks see as a training step (`model.training`)
     try:
-        return _train_unit(host, clients, round_idx, optimizer_states, optim, class_weights)
+        return _train_unit(host, clients, round_idx, optimizer_states, optim, class_weights, limits or [None] * len(clients))
     finally:
         host.model.eval()
 
 
 def _train_unit(host: Host, clients: list[ClientState], round_idx: int, optimizer_states: list[dict | None],
-                optim: Optimization, class_weights: Tensor | None) -> list[LocalResult]:
+                optim: Optimization, class_weights: Tensor | None, limits: list[int | None]) -> list[LocalResult]:
     fabric, tuner, work, progress, method = host.fabric, host.tuner, host.work, host.progress, host.method
     device = fabric.device
     weights = None if class_weights is None else class_weights.to(device)
@@ -92,7 +93,7 @@ def _train_unit(host: Host, clients: list[ClientState], round_idx: int, optimize
     steps, lr_sums = [0] * len(clients), [0.0] * len(clients)
     who = f"client {clients[0].client_id}" if len(clients) == 1 else f"clients {', '.join(str(c.client_id) for c in clients)}"
     for epoch in progress.iterate(range(optim.local_epochs), f"{who} epochs"):
-        plan = epoch_plan(clients, generators, work.batch_size)
+        plan = within_limits(epoch_plan(clients, generators, work.batch_size), steps, limits)
         images = iter(host.images.batches("train", [selected[k][b.numpy()] for step in plan for k, b in step]))
         for step in plan:
             order = [k for k, _ in step]
@@ -127,6 +128,21 @@ def _train_unit(host: Host, clients: list[ClientState], round_idx: int, optimize
         results.append(LocalResult(*means, lr=lrs[k], optimizer_state=state, local=LocalRound(starts[k], steps[k], lr_sums[k])))
     faults.point("train", round_idx, fabric.global_rank)  # a test's fault: after the rank's first unit of the round
     return results
+
+
+def within_limits(plan: list[list[tuple[int, Tensor]]], taken: list[int], limits: list[int | None]) -> list[list[tuple[int, Tensor]]]:
+    """An epoch's plan with each client's batches beyond its limit of steps left out (`taken`: the steps each took in
+    the round's earlier epochs; a limit None: no limit); steps left with no client are dropped."""
+    if all(limit is None for limit in limits):
+        return plan
+    count, out = list(taken), []
+    for step in plan:
+        kept = [(k, b) for k, b in step if limits[k] is None or count[k] < limits[k]]
+        for k, _ in kept:
+            count[k] += 1
+        if kept:
+            out.append(kept)
+    return out
 
 
 def batch_of(labels: PseudoLabels, positions: Tensor, images: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -244,6 +244,11 @@ class Recorder:
             "pseudo_labels/selected_total": None if row["selected_per_class"] is None else sum(row["selected"]),
             "privacy/epsilon": row.get("epsilon"),  # privacy on: spent so far, at privacy.delta
             "privacy/clip": row.get("clip"),
+            # who answered (docs/system.md): counts of client ids, and the virtual clock
+            **{f"clients/{key}": len(row[key]) for key in ("asked", "answered", "dropped", "late", "surplus", "accepted")
+               if key in row},
+            "time/virtual_seconds": row.get("virtual_seconds"),
+            "time/virtual_clock": row.get("virtual_clock"),
         }
         for k, acc in enumerate(row["client_accuracy"]):
             scalars[f"accuracy/client_{k:03d}"] = acc
@@ -288,6 +293,8 @@ class Recorder:
             parts += [] if agreed is None else [f"agreement {fmt(agreed)}%"]
         if row["lr"] is not None:  # some client trained
             parts += [f"loss {fmt(mean(row['loss']), 4)}", f"lr {fmt(row['lr'], 4)}"]
+        if "accepted" in row and len(row["accepted"]) != len(row["asked"]):  # lost, late or surplus uploads
+            parts.append(f"taken {len(row['accepted'])}/{len(row['asked'])}" + (" (global kept)" if row["kept_global"] else ""))
         if "epsilon" in row:  # privacy on
             parts.append("eps inf" if row["epsilon"] is None else f"eps {row['epsilon']:.2f}")
         self.note("  ".join([*parts, f"{row['round_seconds']:.1f}s", f"eta {format_duration(left)}"]))
@@ -305,6 +312,21 @@ class Recorder:
             arrived = self.rounds[-1].get("new_client_accuracy") if self.rounds else None
             self.note(f"new clients {', '.join(map(str, new))}: {fmt(arrived)}% as they arrive, "
                       f"{fmt(self.adapted['new_client_adapted_accuracy'])}% after adapting alone")
+
+    def record_virtual_time(self) -> None:
+        """accuracy_virtual_time.png (and TensorBoard's accuracy/virtual_time image): the personal (and global) mean
+        accuracy against the virtual clock (federation.speeds ...; docs/system.md)."""
+        rounds = [r for r in self.rounds if r.get("virtual_clock") is not None]
+        if not rounds or not self.test_labels:
+            return
+        from fedur.plots import line_plot
+
+        clock = [0.0] + [r["virtual_clock"] for r in rounds]
+        series = {"personal mean": (clock, [self.zero_shot.get("zero_shot_client_mean")] + [r["mean_accuracy"] for r in rounds])}
+        if any(r.get("global_accuracy") is not None for r in rounds):
+            series["global"] = (clock, [self.zero_shot.get("zero_shot_global")] + [r.get("global_accuracy") for r in rounds])
+        self._figure(lambda: line_plot(series, "accuracy against virtual time", "virtual seconds", "accuracy (%)",
+                                       integer_x=False), "accuracy/virtual_time", len(self.rounds), "accuracy_virtual_time.png")
 
     def record_confusion(self, per_client: Tensor, classnames: list[str]) -> None:
         """confusion.json and a heatmap of the (C, C) confusion matrix [true, predicted], summed over the

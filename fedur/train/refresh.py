@@ -15,6 +15,7 @@ from fedur.federated import streams
 from fedur.federated.client import check_tensors
 from fedur.labels.base import Labeller, PseudoLabels
 from fedur.privacy.mechanism import released_counts
+from fedur.train.uploads import flip
 
 if TYPE_CHECKING:
     from fedur.privacy import Privacy
@@ -40,7 +41,7 @@ class Refresh:
 
 def refresh_pseudo_labels(
     host: Host, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int, train_labels: np.ndarray | None,
-    members: Tensor | None = None, privacy: Privacy | None = None,
+    members: Tensor | None = None, privacy: Privacy | None = None, lost: Tensor | None = None, flipped: tuple[int, ...] = (),
 ) -> Refresh:
     """Label every local client's train set with zero-shot CLIP (the first refresh) or with the client's
     current model (the method's logits with its prompts), then let `labeller` select. Every rank calls this.
@@ -55,6 +56,11 @@ def refresh_pseudo_labels(
     client's quotas from its own estimate and the noised sum of all, the class weights from the noised sum of the
     selected counts (fedur/privacy/releases.py). The true counts are still gathered for the run's monitoring
     (metrics.jsonl's selection, the pseudo-label accuracy): the experimenter's instrument, not a release.
+
+    `lost`: (K,) bool, the clients whose histograms do not arrive (federation.drop_rate): the allocation and the class
+    weights read the others' only, and a client whose histogram was lost takes its quotas from its own estimate against
+    the others' sum with its own added (what it can know). `flipped`: the attackers whose pseudo-labels are flipped
+    after their selection (federation.attack label_flip): they train on, and report counts of, the flipped labels.
     """
     num_classes = host.model.num_classes
     members = host.training if members is None else members
@@ -69,13 +75,21 @@ def refresh_pseudo_labels(
         like = torch.zeros(num_classes, dtype=torch.long, device="cpu")
         all_estimated = host.gather(estimated, like, what="pseudo-label histograms")  # the clients' only upload
         quotas = torch.zeros_like(all_estimated)  # the members' allocation among themselves; zeros for the others
-        quotas[members] = labeller.allocate(all_estimated[members], n_total, refresh_idx)
+        answered = members if lost is None else members & ~lost
+        if bool(answered.any()):
+            quotas[answered] = labeller.allocate(all_estimated[answered], n_total, refresh_idx)
+        for k in torch.nonzero(members & ~answered).flatten().tolist():  # its histogram lost: its own against the rest
+            own = all_estimated[k:k + 1]
+            quotas[k] = labeller.allocate(own, n_total, refresh_idx, totals=all_estimated[answered].sum(dim=0) + own[0],
+                                          num_clients=int(answered.sum()) + 1)[0]
     local = {}
     for client in hosted:
         previous = client.pseudo_labels
         client.pseudo_labels = chosen = labeller.select(
             probs[client.client_id], None if quotas is None else quotas[client.client_id], refresh_idx, previous=previous
         )
+        if client.client_id in flipped:  # an attacker's data poisoning
+            client.pseudo_labels = chosen = flip(chosen, num_classes)
         host.method.after_refresh(client, host.client_data)
         check_tensors(client.extra, f"{type(host.method).__name__}.after_refresh's client.extra")
         counts = torch.bincount(chosen.labels, minlength=num_classes)
@@ -86,7 +100,9 @@ def refresh_pseudo_labels(
     if quotas is None:
         all_estimated = quotas = selected
     if privacy is None or not privacy.releases_selected:  # (a labeller without class weights reads no counts)
-        weights = labeller.class_weights(quotas, selected)
+        heard = members if lost is None else members & ~lost  # (all lost: every member's own, as if none were)
+        heard = heard if bool(heard.any()) else members
+        weights = labeller.class_weights(quotas[heard], selected[heard]) if lost is not None else labeller.class_weights(quotas, selected)
     else:  # from the noised sum of the selected counts alone
         sent = {c.client_id: privacy.histogram(torch.bincount(c.pseudo_labels.labels, minlength=num_classes), c.client_id,
                                                refresh_idx, streams.NOISE_SELECTED) for c in hosted}

@@ -3,6 +3,7 @@ takes part and their weights, train them, exchange with the server, evaluate; wh
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -18,8 +19,9 @@ from fedur.train.local import train_unit
 from fedur.train.module import Optimization
 from fedur.train.refresh import refresh_pseudo_labels
 from fedur.train.round_metrics import RoundOutcome
-from fedur.train.server import exchange
+from fedur.train.server import exchange, keep_global
 from fedur.train.state import RunState
+from fedur.train.uploads import UploadRules
 
 INT64_BYTES = 8
 
@@ -37,6 +39,7 @@ class RoundPlan:
     global_model: bool  # evaluation.global_model
     train_sizes: Tensor  # (K,) every client's train images
     train_labels: np.ndarray | None  # every train row's true label, for the refresh's monitoring only (None: none)
+    rules: UploadRules  # who answers, when, honestly, and how the server combines them (federation.drop_rate ...)
 
 
 def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> RoundOutcome:
@@ -44,31 +47,50 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
     method, labeller, training = host.method, host.tuner.labeller, host.training
     clock = PhaseClock()
     refreshed = labeller is not None and round_idx % plan.refresh_every == 0
+    rules = plan.rules
     if refreshed:
         state.refresh = refresh_pseudo_labels(host, round_idx == 0, round_idx // plan.refresh_every, labeller,
-                                              len(host.dataset.train), plan.train_labels, privacy=state.privacy)
+                                              len(host.dataset.train), plan.train_labels, privacy=state.privacy,
+                                              lost=rules.histograms_lost(round_idx, host.num_clients),
+                                              flipped=rules.flips_labels)
     clock.lap("refresh")
 
     num_training = int(training.sum())  # the others: evaluation.new_clients
     joined = torch.zeros(host.num_clients, dtype=torch.bool, device="cpu")  # drawn among the training clients only
     private = state.privacy  # privacy.mode central | local (None: off)
-    joined[:num_training] = (method.participants(round_idx, num_training, plan.join_rate, plan.seed) if private is None
+    rate = rules.join_rate(plan.join_rate, num_training)  # federation.over_select asks more than it takes
+    joined[:num_training] = (method.participants(round_idx, num_training, rate, plan.seed) if private is None
                              else private.participants(round_idx, num_training))  # privacy: from its secret seed
     selected = None if state.refresh is None else state.refresh.selected.sum(dim=1)
     weights = method.client_weights(selected, plan.train_sizes) * joined  # 0 for the clients that sit out,
     if selected is not None:  # and for those without a pseudo-label: nothing to train on, nothing to upload
         weights = weights * (selected > 0)
+    piece_bytes = state.server.upload_bytes()  # {name: bytes} of one client's upload
+    # privacy: every drawn client uploads (a zero update without pseudo-labels), with the same weight
+    uploading = joined.clone() if private is not None else weights > 0
+    wanted = math.ceil(plan.join_rate * num_training) if plan.join_rate < 1 else num_training
+    arrivals = rules.arrivals(round_idx, uploading, selected if method.trains else None, sum(piece_bytes.values()), wanted)
     started = {c.client_id: c.pieces for c in host.clients}  # before local training, for the divergence
-    local_losses, local = train_clients(host, state, round_idx, weights, plan) if method.trains else ({}, {})
+    budgets = None  # -1: every step
+    if rules.late == "partial":  # a late client trains the steps it can finish in time (none: it does not train)
+        budgets = torch.where(arrivals.late, arrivals.budget, -1)
+        weights = weights * (budgets != 0)
+    trained = weights > 0  # lost and late uploads were trained all the same (a late one: as far as its budget)
+    local_losses, local = train_clients(host, state, round_idx, weights, plan, budgets) if method.trains else ({}, {})
     clock.lap("train")
 
     # the clients' raw updates are no release of a private run: no divergence of them
     divergence = prompt_divergence(host, started, weights) if private is None else {}
-    if private is not None:  # every drawn client uploads (a zero update without pseudo-labels), with the same weight:
-        weights = joined.to(weights.dtype)  # who uploads, and a weight by its counts, would release its data
-    method_metrics = exchange(host, state.server, weights, local, round_idx + 1, plan.rounds, private, int(joined.sum()))
+    weights = (joined & arrivals.accepted).to(weights.dtype) if private is not None else weights * arrivals.accepted
+    kept = int(arrivals.accepted.sum()) < rules.min_uploads  # too few uploads: the global state stays
+    if kept:
+        method_metrics = keep_global(host, state.server)
+    else:
+        method_metrics = exchange(host, state.server, weights, local, round_idx + 1, plan.rounds, private,
+                                  int(joined.sum()), rules)
     if private is not None:
         private.record(joined, refreshed)
+    state.virtual_seconds += arrivals.round_seconds
     clock.lap("aggregate")
 
     evaluation = evaluate_round(host, state.server, with_confusion=round_idx == plan.rounds - 1,
@@ -76,23 +98,25 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
     losses = host.gather(local_losses, like=torch.zeros(4, dtype=torch.float64, device="cpu"), what="local losses")
     clock.lap("evaluate")
 
-    piece_bytes = state.server.upload_bytes()  # {name: bytes} of one client's upload
     cooperative = labeller is not None and labeller.cooperative
     per_refresh = (2 if cooperative else 1) if private is None else private.releases.histograms_per_refresh
     histograms = per_refresh * host.model.num_classes * INT64_BYTES  # (privacy: float64, as many bytes)
-    uploads = (weights > 0) * sum(piece_bytes.values()) + (histograms * training if refreshed else 0)
+    uploads = arrivals.answered * sum(piece_bytes.values()) + (histograms * training if refreshed else 0)  # (lost: sent)
     return RoundOutcome(
         round_idx=round_idx, rounds=plan.rounds, refreshed=refreshed, refresh=state.refresh, joined=joined,
         weights=weights, accuracy=evaluation.accuracy, confusion=evaluation.confusion, losses=losses, uploads=uploads,
         seconds=clock.total(), phase_seconds=clock.laps, trains=method.trains, piece_bytes=piece_bytes,
         method_metrics=method_metrics, divergence=divergence, training=training, global_counts=evaluation.global_counts,
         held_out_counts=evaluation.held_out, privacy=None if state.privacy is None else state.privacy.round_record(),
+        arrivals=arrivals, trained=trained if method.trains else None, kept_global=kept,
+        virtual_clock=state.virtual_seconds, poisoned=[k for k in rules.attackers if bool(arrivals.accepted[k])],
     )
 
 
-def train_clients(host: Host, state: RunState, round_idx: int, weights: Tensor,
-                  plan: RoundPlan) -> tuple[dict[int, Tensor], dict[int, LocalRound]]:
-    """Local training of this rank's clients that take part (weight > 0), unit by unit (fedur/train/local.py).
+def train_clients(host: Host, state: RunState, round_idx: int, weights: Tensor, plan: RoundPlan,
+                  budgets: Tensor | None = None) -> tuple[dict[int, Tensor], dict[int, LocalRound]]:
+    """Local training of this rank's clients that take part (weight > 0), unit by unit (fedur/train/local.py), each
+    for at most its `budgets` entry of local steps ((K,) int64, -1: all; None: all its steps; federation.late partial).
 
     Returns each trained client's (mean loss, loss_pos, loss_neg, first learning rate) and its LocalRound (what
     the method's upload sees of its training). SGD momentum starts fresh (optim.optimizer_state reset), from the
@@ -102,7 +126,8 @@ def train_clients(host: Host, state: RunState, round_idx: int, weights: Tensor,
     joined = [c for c in host.clients if weights[c.client_id] > 0]
     for unit in host.progress.iterate(host.units(joined), f"round {round_idx + 1} clients"):
         starts = [{"reset": None, "client": c.optimizer_state, "shared": state.carried_optimizer}[mode] for c in unit]
-        for client, result in zip(unit, train_unit(host, unit, round_idx, starts, plan.optim, state.class_weights)):
+        limits = None if budgets is None else [None if budgets[c.client_id] < 0 else int(budgets[c.client_id]) for c in unit]
+        for client, result in zip(unit, train_unit(host, unit, round_idx, starts, plan.optim, state.class_weights, limits)):
             client.optimizer_state = result.optimizer_state if mode == "client" else None
             state.carried_optimizer = result.optimizer_state if mode == "shared" else None
             losses[client.client_id] = torch.tensor([result.loss, result.loss_pos, result.loss_neg, result.lr],

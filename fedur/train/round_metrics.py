@@ -9,6 +9,7 @@ from torch import Tensor
 
 from fedur.data.datasets import ImageDataset
 from fedur.data.partition import client_domains
+from fedur.federated.clock import Arrivals
 from fedur.metrics import accuracies, harmonic_mean, mean, pooled
 from fedur.train.refresh import Refresh
 
@@ -37,6 +38,11 @@ class RoundOutcome:
     global_counts: Tensor | None = None  # (2,) [correct, total] of the server's model on the training clients' test union
     held_out_counts: dict[str, Tensor | None] | None = None  # {held-out set: (2,) counts} of the server's model
     privacy: dict | None = None  # privacy on: epsilon at delta after the round, the clip (Privacy.round_record)
+    arrivals: Arrivals | None = None  # who was asked, lost, late, taken, and when (fedur/federated/clock.py)
+    trained: Tensor | None = None  # (K,) bool: the clients that trained (None: those with weight > 0)
+    kept_global: bool = False  # fewer uploads than federation.min_uploads: the global state stayed
+    virtual_clock: float = 0.0  # the run's virtual seconds after this round
+    poisoned: list[int] | None = None  # the attackers whose upload the round took
 
 
 def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
@@ -44,7 +50,8 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
     from before), every per-client list is indexed by client id. Without pseudo-labels (a method without a
     labeller: `refresh` None) the pseudo-label entries are None."""
     refresh, rounds, divergence = outcome.refresh, outcome.rounds, outcome.divergence or {}
-    trained = ((outcome.weights > 0) & outcome.trains).tolist()  # losses exist for the clients that trained
+    trained = (((outcome.weights > 0) if outcome.trained is None else outcome.trained) & outcome.trains).tolist()  # losses
+    # exist for the clients that trained (also one whose upload was then lost or late)
     refreshed, losses = outcome.refreshed, outcome.losses
     num_clients = len(trained)
 
@@ -97,6 +104,30 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
         "prompt_divergence": divergence,  # {piece: {drift_diversity, cosine_distance}} of the local updates
         "method": outcome.method_metrics or {},  # the method's own metrics of the round (Aggregated.metrics)
         **(outcome.privacy or {}),  # privacy on: "epsilon" (at "delta") spent so far, "clip" (and per client, local)
+        **(answers(outcome.arrivals, outcome) if outcome.arrivals is not None else {}),
+    }
+
+
+def ids(mask: Tensor) -> list[int]:
+    return torch.nonzero(mask).flatten().tolist()
+
+
+def answers(arrivals: Arrivals, outcome: RoundOutcome) -> dict:
+    """Who of the round's asked clients answered, and when (docs/system.md): client ids, and virtual seconds."""
+    return {
+        "asked": ids(arrivals.asked),  # drawn and uploading (privacy: every drawn client)
+        "answered": ids(arrivals.answered),  # whose upload arrived, in time or late
+        "dropped": ids(arrivals.lost),  # trained and sent; the upload was lost (federation.drop_rate)
+        "late": ids(arrivals.late),  # past the deadline: left out, or cut short (federation.late partial)
+        "surplus": ids(arrivals.surplus),  # arrived after the first wanted ones (federation.over_select): not taken
+        "accepted": ids(arrivals.accepted),  # whose upload the server aggregated (unless kept_global)
+        "attackers_accepted": outcome.poisoned or [],  # the attackers among them (federation.attackers)
+        "kept_global": outcome.kept_global,  # fewer than federation.min_uploads: nothing aggregated
+        "virtual_seconds": arrivals.round_seconds,  # the round's virtual duration
+        "virtual_clock": outcome.virtual_clock,  # the run's, after this round
+        "deadline_seconds": arrivals.deadline_seconds,
+        "client_virtual_seconds": [round(float(t), 6) if a else None for t, a in zip(arrivals.seconds, arrivals.asked.tolist())],
+        "local_steps": [int(b) if a else None for b, a in zip(arrivals.budget, arrivals.asked.tolist())],
     }
 
 

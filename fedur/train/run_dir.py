@@ -37,6 +37,7 @@ LAYOUT: dict[str, str] = {
     "partition_test.png": "client x class heatmap of the test split",
     "zero_shot.json": "zero-shot CLIP per client and on the whole test set",
     "confusion.json": "the final round's confusion matrix",
+    "accuracy_virtual_time.png": "accuracy against the virtual clock (federation.speeds, deadline, drop_rate ...)",
     "tensorboard": "TensorBoard events",
     "prompts": "the final prompts: global.pt and client_XXX.pt",
     "predictions": "data without labels: each client's predicted class per image, client_XXX.csv",
@@ -185,6 +186,11 @@ ADDED_SETTINGS = {
     "optim.warmup_epochs": 0,
     "optim.warmup_lr": 1e-5,
     "privacy.mode": "none",
+    **{f"federation.{key}": value for key, value in {
+        "drop_rate": 0.0, "speeds": "equal", "speed_spread": 1.0, "bandwidth": None, "deadline": None,
+        "deadline_unit": "median", "late": "drop", "over_select": 0.0, "min_uploads": 1, "attackers": 0, "attack": "none",
+        "attack_scale": None, "aggregator": "mean", "trim": 0.2, "krum_malicious": None, "krum_keep": None,
+        "clip_norm": None}.items()},
 }
 
 

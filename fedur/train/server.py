@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from fedur.model.classifier import PromptedCLIP
     from fedur.privacy import Privacy
     from fedur.train.host import Host
+    from fedur.train.uploads import UploadRules
 
 
 @dataclass
@@ -40,25 +41,28 @@ class ServerState:
 
 
 def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, LocalRound], number: int, rounds: int,
-             privacy: Privacy | None = None, drawn: int = 0) -> dict:
+             privacy: Privacy | None = None, drawn: int = 0, rules: UploadRules | None = None) -> dict:
     """The clients with weight > 0 upload (Method.upload; `local`: their training this round), every rank gathers
     the uploads of each shared piece and message in client-id order (or, for those in Method.summed, their sum, in
     client-id order and in chunks of clients), the method aggregates them into the new global pieces, its server
     state and the round's metrics (returned), and every client, also one that sat the round out, downloads them.
     Every rank calls this. `number`: the round, from 1, of `rounds`. With `privacy`, what leaves a client's rank is its
     clipped (local: and noised) update, and the method aggregates the private rows (fedur/privacy/releases.py;
-    `drawn`: the clients drawn to take part)."""
+    `drawn`: the clients drawn to take part). `rules` (fedur/train/uploads.py): what an attacker sends in place of its
+    upload, and the aggregator's rows (federation.aggregator; a method's summed uploads pass as they are)."""
     method, data = host.method, host.client_data
     expected = {**server.shared, **server.messages}
     local_uploads = {}
     trained = lambda c: privacy is None or c.client_id in local or not method.trains  # noqa: E731
     for client in (c for c in host.clients if weights[c.client_id] > 0 and trained(c)):  # (privacy: a drawn client
         # that trained nothing sends a zero update, private_exchange)
-        upload = local_uploads[client.client_id] = method.upload(client, data, local.get(client.client_id))
+        upload = method.upload(client, data, local.get(client.client_id))
         if set(upload) != set(expected):
             raise PluginError(f"{type(method).__name__}.upload of client {client.client_id} sent {sorted(upload)}; it must "
                              f"send one tensor per shared piece and message: {sorted(expected)}")
         check_tensors(client.extra, f"{type(method).__name__}.upload's client.extra")
+        round_idx = number - 1
+        local_uploads[client.client_id] = upload if rules is None else rules.poison(client.client_id, round_idx, upload, server.shared)
     if privacy is not None:
         return private_exchange(host, server, weights, local_uploads, expected, (number, rounds), privacy, drawn)
     uploads = {}  # {name: (K, *shape)}, or the (*shape) sum over the clients that took part for method.summed
@@ -68,7 +72,12 @@ def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, 
             uploads[name] = host.collectives.sum_clients(pieces, host.num_clients, like, weights > 0, what)
         else:
             uploads[name] = host.gather(pieces, like=like, what=what)
-    return aggregate(host, server, uploads, weights, number, rounds)
+    robust = {}
+    if rules is not None and rules.aggregator != "mean":
+        current = {name: server.shared[name] for name in server.shared if name not in method.summed}
+        uploads, weights, robust = rules.robust(uploads, weights, current)
+    metrics = aggregate(host, server, uploads, weights, number, rounds)
+    return {**metrics, **{f"{rules.aggregator}/{k}": v for k, v in robust.items() if not isinstance(v, list)}}
 
 
 def private_exchange(host: Host, server: ServerState, weights: Tensor, local_uploads: dict[int, dict[str, Tensor]],
@@ -111,6 +120,14 @@ def aggregate(host: Host, server: ServerState, uploads: dict[str, Tensor], weigh
         method.download(client, server.shared, server.method)
         check_tensors(client.extra, f"{type(method).__name__}.download's client.extra")
     return metric_values(result.metrics, type(method).__name__)
+
+
+def keep_global(host: Host, server: ServerState) -> dict:
+    """A round that aggregates nothing (fewer uploads than federation.min_uploads): the global pieces and the server's
+    state stay, and every client downloads them again."""
+    for client in host.clients:
+        host.method.download(client, server.shared, server.method)
+    return {}
 
 
 def metric_values(metrics: dict, who: str) -> dict[str, float]:

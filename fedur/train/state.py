@@ -20,6 +20,7 @@ class RunState:
     carried_optimizer: dict | None = None  # optim.optimizer_state=shared: the momentum handed to the next client
     wall_seconds: float = 0.0  # over every session of the run, up to the last commit
     privacy: Privacy | None = None  # privacy.mode central | local: the ledger of releases and the clip norm
+    virtual_seconds: float = 0.0  # the virtual clock (federation.speeds ...): the rounds' virtual durations so far
 
     @property
     def class_weights(self):
@@ -33,6 +34,7 @@ class RunState:
             "refresh": None if self.refresh is None else vars(self.refresh),
             "carried_optimizer": to_cpu(self.carried_optimizer),
             "wall_seconds": self.wall_seconds,
+            "virtual_seconds": self.virtual_seconds,
             "method": {name: t.cpu() for name, t in self.server.method.items()},
             **({} if self.privacy is None else {"privacy": self.privacy.state_dict()}),
         }
@@ -44,5 +46,6 @@ class RunState:
         self.refresh = None if state["refresh"] is None else Refresh(**state["refresh"])
         self.carried_optimizer = momentum_only(state["carried_optimizer"])
         self.wall_seconds = state["wall_seconds"]
+        self.virtual_seconds = state.get("virtual_seconds", 0.0)  # checkpoints before the virtual clock: from 0
         if self.privacy is not None:
             self.privacy.load_state_dict(state["privacy"])
