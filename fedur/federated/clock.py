@@ -21,6 +21,16 @@ from torch import Tensor
 
 
 @dataclass(frozen=True)
+class Deadline:
+    """A round's deadline: `value` in virtual seconds or in units of the round's median asked-client time (`unit`
+    'seconds' | 'median'); a late upload left out or its partial work taken (`late` 'drop' | 'partial')."""
+
+    value: float
+    unit: str = "median"
+    late: str = "drop"
+
+
+@dataclass(frozen=True)
 class Arrivals:
     """Who of a round's asked clients the server takes, and when (rows are client ids; every rank the same)."""
 
@@ -64,21 +74,21 @@ def deadline_seconds(deadline: float | None, unit: str, seconds: Tensor, asked: 
 
 
 def arrivals(asked: Tensor, steps: Tensor, speeds: Tensor, upload_bytes: float, bandwidths: Tensor | None, lost: Tensor,
-             deadline: float | None = None, unit: str = "median", late: str = "drop", wanted: int | None = None) -> Arrivals:
+             deadline: Deadline | None = None, wanted: int | None = None) -> Arrivals:
     """Who arrives and who is taken in a round. `asked`, `lost`: (K,) bool; `steps`: (K,) int64 each client's planned
-    local steps; `speeds`, `bandwidths`: (K,) as in `client_seconds`; `deadline`, `unit`: as in `deadline_seconds`;
-    `late`: 'drop' or 'partial'; `wanted`: take at most this many, the first to arrive (ties: the lower client id).
+    local steps; `speeds`, `bandwidths`: (K,) as in `client_seconds`; `deadline`: None, none; `wanted`: take at most
+    this many, the first to arrive (ties: the lower client id).
 
     The server waits until every asked client's upload is in (a lost one: until it would have been, when its loss
     shows), until the deadline, or until the `wanted`-th arrival, whichever comes first."""
     steps = steps.long()
     seconds = torch.where(asked, client_seconds(steps, speeds, upload_bytes, bandwidths), torch.zeros((), dtype=torch.float64))
-    limit = deadline_seconds(deadline, unit, seconds, asked)
+    limit = None if deadline is None else deadline_seconds(deadline.value, deadline.unit, seconds, asked)
     sending = seconds - steps.double() / speeds.double()  # the upload's share of each one's time
     over = asked & ~lost & (seconds > limit) if limit is not None else torch.zeros_like(asked)
     budget = torch.where(asked, steps, torch.zeros_like(steps))
     arrival = seconds.clone()
-    if late == "partial" and limit is not None:  # the whole steps that end in time to send by the deadline
+    if limit is not None and deadline.late == "partial":  # the whole steps that end in time to send by the deadline
         can = torch.floor(((limit - sending) * speeds.double()).clamp_min(0)).long()
         budget = torch.where(over, torch.minimum(can, steps), budget)
         arrival = torch.where(over, budget.double() / speeds.double() + sending, arrival)

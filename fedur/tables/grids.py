@@ -330,6 +330,54 @@ PRIVACY_NOTE = ("demo: configs/smoke.yaml (4 clients, 5 rounds), each method wit
                 "C = 0.03, z calibrated to the epsilon of the column (docs/privacy.md); the AUC is fedur-attack's loss "
                 "attack, members (train images) against non-members (test images), 0.5 = nothing learnt.")
 
+# Clients that drop and lag on the demo (docs/system.md): every client's speed lognormal (spread 1) and a median upload
+# bandwidth of 2000 bytes per virtual second (FedUR's 3840-byte upload: about 2 s, beside 6-10 local steps), then
+# uploads lost, a deadline at 0.8 x the round's median time (late uploads dropped, or the partial work taken), and
+# over-selection (half the clients wanted, 3 of 4 asked, the first 2 taken). Each column with its virtual time.
+SYSTEM_METHODS = ("fedur", "fedcopl", "promptfl")
+SYSTEM_BASE = ("--federation.speeds", "lognormal", "--federation.bandwidth", "2000")
+SYSTEM_SETTINGS = (
+    ("all", "all answer", ()),
+    ("drop20", "20% lost", ("--federation.drop_rate", "0.2")),
+    ("drop50", "50% lost", ("--federation.drop_rate", "0.5")),
+    ("deadline-drop", "deadline 0.8, drop", ("--federation.deadline", "0.8")),
+    ("deadline-partial", "deadline 0.8, partial", ("--federation.deadline", "0.8", "--federation.late", "partial")),
+    ("join50", "join 0.5", ("--federation.join_rate", "0.5")),
+    ("over-select", "join 0.5, over-select", ("--federation.join_rate", "0.5", "--federation.over_select", "0.5")),
+)
+SYSTEM_OWNERS = tuple(Column(f"demo-system-{key}", label, "personal accuracy", "smoke.yaml", "synthetic", f"system-{key}",
+                             (*SYSTEM_BASE, *flags), "presets/demo") for key, label, flags in SYSTEM_SETTINGS)
+SYSTEM_COLUMNS = (
+    *SYSTEM_OWNERS,
+    *(replace(reading(c, "global", c.label, "final_global_accuracy"), section="global accuracy") for c in SYSTEM_OWNERS),
+    *(replace(reading(c, "virtual", c.label, "system.virtual_seconds"), section="virtual seconds, the whole run")
+      for c in SYSTEM_OWNERS),
+    *(replace(reading(c, "taken", c.label, "system.accepted_uploads"), section="uploads taken, of the run's rounds")
+      for c in SYSTEM_OWNERS),
+)
+SYSTEM_NOTE = ("demo: configs/smoke.yaml (4 clients, 5 rounds), each method with its demo preset; speeds lognormal "
+               "(spread 1), bandwidth 2000 B/s median; a deadline in units of the round's median asked-client time.")
+
+# Attacks against aggregators on the demo (docs/system.md): one attacker of the 4 clients (drawn per run from the
+# seed), each attack at its default size, under FedAvg (mean) and each robust rule in Flower's definition; the
+# trimmed mean cuts one upload at each end (trim 0.25: Flower's 0.2 of 4 cuts none), Krum assumes the one attacker.
+ROBUST_ATTACKS = ("none", "sign_flip", "scale", "gaussian", "constant", "label_flip")
+ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_clip")
+
+
+def robust_column(attack: str, aggregator: str) -> Column:
+    flags = ("--federation.aggregator", aggregator, "--federation.trim", "0.25")
+    if attack != "none":
+        flags += ("--federation.attackers", "1", "--federation.attack", attack)
+    return Column(f"demo-robust-{attack}-{aggregator}", aggregator, f"attack: {attack}", "smoke.yaml", "synthetic",
+                  f"robust-{attack}-{aggregator}", flags, "presets/demo")
+
+
+ROBUST_COLUMNS = tuple(robust_column(a, g) for a in ROBUST_ATTACKS for g in ROBUST_AGGREGATORS)
+ROBUST_NOTE = ("demo: configs/smoke.yaml (4 clients, 5 rounds), each method with its demo preset; one attacker "
+               "(federation.attackers 1) with the attack's default size (sign_flip -1 x, scale 10 x, gaussian N(0, 1), "
+               "constant 1); personal accuracy (the attacker's own included).")
+
 GRIDS: dict[str, Grid] = {
     "table1": Grid(
         "table1", "Table 1: Dirichlet label skew (ViT-B/32)", PAPER_ROWS,
@@ -398,6 +446,14 @@ GRIDS: dict[str, Grid] = {
     "demo-privacy": Grid(
         "demo-privacy", "Privacy against utility on the demo", PRIVACY_ROWS, PRIVACY_COLUMNS,
         ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(PRIVACY_NOTE,), protocol="own",
+    ),
+    "demo-system": Grid(
+        "demo-system", "Clients that drop and lag on the demo", tuple(own_row(m) for m in SYSTEM_METHODS), SYSTEM_COLUMNS,
+        ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(SYSTEM_NOTE,), protocol="own",
+    ),
+    "demo-robust": Grid(
+        "demo-robust", "Attacks against aggregators on the demo", tuple(own_row(m) for m in SYSTEM_METHODS), ROBUST_COLUMNS,
+        ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(ROBUST_NOTE,), protocol="own",
     ),
     "tiny": Grid(
         "tiny", "tiny: the mechanics tests' model and data (does not learn)",

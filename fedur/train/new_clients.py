@@ -22,7 +22,7 @@ from fedur.train.evaluate import evaluate_clients
 from fedur.train.host import Host
 from fedur.train.local import train_unit
 from fedur.train.module import Optimization
-from fedur.train.refresh import refresh_pseudo_labels
+from fedur.train.refresh import Answering, refresh_pseudo_labels
 
 
 def adapt_new_clients(host: Host, labeller: Labeller, optim: Optimization, zero_shot_labels: bool, train_sizes: Tensor,
@@ -35,7 +35,8 @@ def adapt_new_clients(host: Host, labeller: Labeller, optim: Optimization, zero_
     for k in host.new_clients:
         members = torch.zeros(host.num_clients, dtype=torch.bool, device="cpu")
         members[k] = True
-        refresh = refresh_pseudo_labels(host, zero_shot_labels, 0, labeller, int(train_sizes[k]), train_labels, members)
+        refresh = refresh_pseudo_labels(host, zero_shot_labels, 0, labeller, int(train_sizes[k]), train_labels,
+                                        Answering(members))
         hosted = [c for c in host.clients if c.client_id == k]
         if hosted and len(hosted[0].pseudo_labels.labels):  # its pieces change in place; nothing is uploaded
             # its own selection's class weights, as a federation of one

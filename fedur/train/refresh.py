@@ -4,7 +4,7 @@ sec. 3.3-3.4)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,10 +12,10 @@ import torch
 from torch import Tensor
 
 from fedur.federated import streams
+from fedur.federated.attacks import flipped_labels
 from fedur.federated.client import check_tensors
 from fedur.labels.base import Labeller, PseudoLabels
 from fedur.privacy.mechanism import released_counts
-from fedur.train.uploads import flip
 
 if TYPE_CHECKING:
     from fedur.privacy import Privacy
@@ -39,9 +39,20 @@ class Refresh:
     released_totals: Tensor | None = None  # (C,) the released sum (the quotas' denominators, or the class weights')
 
 
+@dataclass(frozen=True)
+class Answering:
+    """Who answers a refresh: `members` (K,) bool label and cooperate (None: `host.training`; the others keep their
+    pseudo-labels and have zero rows); of them, `lost` (K,) bool lose their histograms on the way (federation.drop_rate;
+    None: none); `flipped`: the attackers whose pseudo-labels are flipped (federation.attack label_flip)."""
+
+    members: Tensor | None = None
+    lost: Tensor | None = None
+    flipped: tuple[int, ...] = ()
+
+
 def refresh_pseudo_labels(
     host: Host, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int, train_labels: np.ndarray | None,
-    members: Tensor | None = None, privacy: Privacy | None = None, lost: Tensor | None = None, flipped: tuple[int, ...] = (),
+    answering: Answering = Answering(), privacy: Privacy | None = None,
 ) -> Refresh:
     """Label every local client's train set with zero-shot CLIP (the first refresh) or with the client's
     current model (the method's logits with its prompts), then let `labeller` select. Every rank calls this.
@@ -57,13 +68,14 @@ def refresh_pseudo_labels(
     selected counts (fedur/privacy/releases.py). The true counts are still gathered for the run's monitoring
     (metrics.jsonl's selection, the pseudo-label accuracy): the experimenter's instrument, not a release.
 
-    `lost`: (K,) bool, the clients whose histograms do not arrive (federation.drop_rate): the allocation and the class
-    weights read the others' only, and a client whose histogram was lost takes its quotas from its own estimate against
-    the others' sum with its own added (what it can know). `flipped`: the attackers whose pseudo-labels are flipped
-    after their selection (federation.attack label_flip): they train on, and report counts of, the flipped labels.
+    A client whose histograms are lost (`answering.lost`): the allocation and the class weights read the others' only,
+    and it takes its quotas from its own estimate against the others' sum with its own added (what it can know). An
+    attacker in `answering.flipped` flips its pseudo-labels after its selection: it trains on, and reports counts of,
+    the flipped labels.
     """
     num_classes = host.model.num_classes
-    members = host.training if members is None else members
+    members = host.training if answering.members is None else answering.members
+    lost, flipped = answering.lost, answering.flipped
     hosted = [c for c in host.clients if members[c.client_id]]
     predictions = host.predict("train", zero_shot, desc="pseudo-labelling clients", clients=hosted)
     probs = {k: logits.softmax(dim=-1) for k, (logits, _) in predictions.items()}
@@ -89,7 +101,8 @@ def refresh_pseudo_labels(
             probs[client.client_id], None if quotas is None else quotas[client.client_id], refresh_idx, previous=previous
         )
         if client.client_id in flipped:  # an attacker's data poisoning
-            client.pseudo_labels = chosen = flip(chosen, num_classes)
+            labels, mask = flipped_labels(chosen.labels, chosen.mask, num_classes)
+            client.pseudo_labels = chosen = replace(chosen, labels=labels, mask=mask)
         host.method.after_refresh(client, host.client_data)
         check_tensors(client.extra, f"{type(host.method).__name__}.after_refresh's client.extra")
         counts = torch.bincount(chosen.labels, minlength=num_classes)

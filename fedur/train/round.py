@@ -50,9 +50,8 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
     rules = plan.rules
     if refreshed:
         state.refresh = refresh_pseudo_labels(host, round_idx == 0, round_idx // plan.refresh_every, labeller,
-                                              len(host.dataset.train), plan.train_labels, privacy=state.privacy,
-                                              lost=rules.histograms_lost(round_idx, host.num_clients),
-                                              flipped=rules.flips_labels)
+                                              len(host.dataset.train), plan.train_labels,
+                                              rules.at_refresh(round_idx, host.num_clients), state.privacy)
     clock.lap("refresh")
 
     num_training = int(training.sum())  # the others: evaluation.new_clients
@@ -86,7 +85,7 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
     if kept:
         method_metrics = keep_global(host, state.server)
     else:
-        method_metrics = exchange(host, state.server, weights, local, round_idx + 1, plan.rounds, private,
+        method_metrics = exchange(host, state.server, weights, local, (round_idx + 1, plan.rounds), private,
                                   int(joined.sum()), rules)
     if private is not None:
         private.record(joined, refreshed)

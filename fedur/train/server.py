@@ -40,18 +40,18 @@ class ServerState:
         return {name: t.numel() * t.element_size() for name, t in {**self.shared, **self.messages}.items()}
 
 
-def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, LocalRound], number: int, rounds: int,
+def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, LocalRound], round_of: tuple[int, int],
              privacy: Privacy | None = None, drawn: int = 0, rules: UploadRules | None = None) -> dict:
     """The clients with weight > 0 upload (Method.upload; `local`: their training this round), every rank gathers
     the uploads of each shared piece and message in client-id order (or, for those in Method.summed, their sum, in
     client-id order and in chunks of clients), the method aggregates them into the new global pieces, its server
     state and the round's metrics (returned), and every client, also one that sat the round out, downloads them.
-    Every rank calls this. `number`: the round, from 1, of `rounds`. With `privacy`, what leaves a client's rank is its
+    Every rank calls this. `round_of`: (the round from 1, rounds). With `privacy`, what leaves a client's rank is its
     clipped (local: and noised) update, and the method aggregates the private rows (fedur/privacy/releases.py;
     `drawn`: the clients drawn to take part). `rules` (fedur/train/uploads.py): what an attacker sends in place of its
     upload, and the aggregator's rows (federation.aggregator; a method's summed uploads pass as they are)."""
     method, data = host.method, host.client_data
-    expected = {**server.shared, **server.messages}
+    (number, rounds), expected = round_of, {**server.shared, **server.messages}
     local_uploads = {}
     trained = lambda c: privacy is None or c.client_id in local or not method.trains  # noqa: E731
     for client in (c for c in host.clients if weights[c.client_id] > 0 and trained(c)):  # (privacy: a drawn client
@@ -64,7 +64,7 @@ def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, 
         round_idx = number - 1
         local_uploads[client.client_id] = upload if rules is None else rules.poison(client.client_id, round_idx, upload, server.shared)
     if privacy is not None:
-        return private_exchange(host, server, weights, local_uploads, expected, (number, rounds), privacy, drawn)
+        return private_exchange(host, server, weights, local_uploads, expected, round_of, privacy, drawn)
     uploads = {}  # {name: (K, *shape)}, or the (*shape) sum over the clients that took part for method.summed
     for name, like in expected.items():
         pieces, what = {k: upload[name] for k, upload in local_uploads.items()}, f"{name} uploads"

@@ -20,9 +20,9 @@ from torch import Tensor
 
 from fedur.errors import ConfigError
 from fedur.federated import clock, robust, streams
-from fedur.federated.attacks import DEFAULT_SCALE, MODEL_ATTACKS, flipped_labels, poisoned_update
+from fedur.federated.attacks import DEFAULT_SCALE, MODEL_ATTACKS, poisoned_update
 from fedur.federated.clock import Arrivals
-from fedur.labels.base import PseudoLabels
+from fedur.train.refresh import Answering
 
 
 @dataclass(frozen=True)
@@ -107,24 +107,20 @@ class UploadRules:
             clock.planned_steps(selected, self.batch_size, self.local_epochs)
         speeds = torch.ones(num_clients, dtype=torch.float64) if self.speeds is None else self.speeds
         lost = torch.from_numpy(streams.lost(num_clients, self.drop_rate, self.seed, round_idx))
-        return clock.arrivals(asked, steps, speeds, upload_bytes, self.bandwidths, lost, self.deadline, self.deadline_unit,
-                              self.late, wanted if self.over_select else None)
+        deadline = None if self.deadline is None else clock.Deadline(self.deadline, self.deadline_unit, self.late)
+        return clock.arrivals(asked, steps, speeds, upload_bytes, self.bandwidths, lost, deadline,
+                              wanted if self.over_select else None)
 
-    def histograms_lost(self, refresh_round: int, num_clients: int) -> Tensor | None:
-        """(K,) bool: whose pseudo-label histograms are lost at the refresh that begins round `refresh_round` (None:
-        none can be)."""
-        if self.drop_rate == 0:
-            return None
-        return torch.from_numpy(streams.lost(num_clients, self.drop_rate, self.seed, refresh_round, streams.LOST_HISTOGRAM))
+    def at_refresh(self, refresh_round: int, num_clients: int) -> Answering:
+        """Who answers the refresh that begins round `refresh_round`: whose pseudo-label histograms are lost (each with
+        federation.drop_rate), whose labels an attacker flips (federation.attack label_flip)."""
+        lost = None if self.drop_rate == 0 else \
+            torch.from_numpy(streams.lost(num_clients, self.drop_rate, self.seed, refresh_round, streams.LOST_HISTOGRAM))
+        return Answering(lost=lost, flipped=self.attackers if self.attack == "label_flip" else ())
 
     @property
     def poisons_uploads(self) -> bool:
         return self.attack in MODEL_ATTACKS and bool(self.attackers)
-
-    @property
-    def flips_labels(self) -> tuple[int, ...]:
-        """The clients whose pseudo-labels are flipped (federation.attack label_flip)."""
-        return self.attackers if self.attack == "label_flip" else ()
 
     def poison(self, client_id: int, round_idx: int, upload: dict[str, Tensor], current: dict[str, Tensor]) -> dict[str, Tensor]:
         """An attacker's upload: each shared piece the downloaded value plus the attack's update (its messages as they
@@ -171,12 +167,6 @@ class UploadRules:
             piece[taken] = value[:, start:start + size].reshape(len(taken), *current[name].shape).to(piece.dtype)
             out[name], start = piece, start + size
         return out, weights, metrics
-
-
-def flip(labels: PseudoLabels, num_classes: int) -> PseudoLabels:
-    """An attacker's pseudo-labels flipped (federation.attack label_flip)."""
-    flipped, mask = flipped_labels(labels.labels, labels.mask, num_classes)
-    return PseudoLabels(labels.indices, flipped, mask, labels.pools, labels.confidence)
 
 
 def attacker_count(attackers: float, num_clients: int) -> int:
@@ -226,7 +216,7 @@ def read_speeds(path: Path, num_clients: int) -> tuple[Tensor, Tensor | None]:
             with path.open(newline="") as f:
                 rows = sorted(csv.DictReader(f), key=lambda r: int(r["client"]))
             if [int(r["client"]) for r in rows] != list(range(len(rows))):
-                raise ValueError("the clients must be 0 .. K-1, each once")
+                raise ValueError("the clients must be 0 .. K-1, each once")  # internal: a ConfigError just below
             speeds = [float(r["speed"]) for r in rows]
             bandwidths = [float(r["bandwidth"]) for r in rows] if rows and rows[0].get("bandwidth") not in (None, "") else None
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
