@@ -56,6 +56,14 @@ SPECIAL = {
     "scaffold-private-local": ["--method", "SCAFFOLD", "--privacy.mode", "local", "--privacy.noise_multiplier", "1.0",
                                "--privacy.clip", "0.05", "--privacy.sampling", "poisson", "--federation.join_rate", "0.75",
                                "--privacy.noise_seed", "6"],
+    # clients that drop and lag: uploads and histograms lost, lognormal speeds and bandwidths, a deadline at 0.9 x the
+    # median time taking the late ones' partial work, 3 of 4 wanted and all 4 asked (over-selection), at least 2 taken
+    "fedur-stragglers": ["--federation.drop_rate", "0.3", "--federation.speeds", "lognormal", "--federation.bandwidth",
+                         "2000", "--federation.deadline", "0.9", "--federation.late", "partial", "--federation.join_rate",
+                         "0.75", "--federation.over_select", "0.34", "--federation.min_uploads", "2"],
+    # an attacker sending Gaussian garbage from its own per-round stream, the trimmed mean's rows
+    "fedcopl-attacked": ["--method", "FedCoPL", "--federation.attackers", "1", "--federation.attack", "gaussian",
+                         "--federation.aggregator", "trimmed_mean", "--federation.trim", "0.25"],
     # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
     "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",
                                "--evaluation.new_client_labels", "zero_shot", "--evaluation.new_client_epochs", "1"],

@@ -253,11 +253,13 @@ def test_resume_auto_starts_over_after_a_crash_before_the_first_commit(reference
 
 # Every one of fedur's methods (each with its own labeller: every labeller's state is among them), and the mechanisms
 # whose state a resume must carry (CPL's GRIP pools, SCAFFOLD's control variates, GDA-U's server state with clients
-# sitting out, a plugin's own piece, new clients, privacy's ledger and adaptive clip): each crashed before its second
-# commit and resumed must equal its uninterrupted run, the session's shared one (tests/shared_runs.py).
+# sitting out, a plugin's own piece, new clients, privacy's ledger and adaptive clip, the virtual clock, attackers):
+# each crashed before its second commit and resumed must equal its uninterrupted run, the session's shared one
+# (tests/shared_runs.py).
 RESUMED = [*(name for name in method_cases() if "+" not in name and plugins.by_key("method")[name]().rounds(2) == 2),
            "promptprox-grip", "gdau-join", "scaffold-join", "adapter", "fedur-new-clients",
-           "fedur-private-central", "scaffold-private-local"]  # ZeroShot has no round; privacy: its ledger and clip
+           "fedur-private-central", "scaffold-private-local",  # ZeroShot has no round; privacy: its ledger and clip
+           "fedur-stragglers", "fedcopl-attacked"]  # the virtual clock, lost uploads, an attacker's stream
 
 
 @pytest.mark.parametrize("name", RESUMED)

@@ -37,6 +37,7 @@ class Refresh:
     released: Tensor | None = None  # privacy on: (K, C) what each client's histogram (the cooperative estimate, else its
     # selected counts) released to the others (local: noised; central: nothing, a row of zeros), and
     released_totals: Tensor | None = None  # (C,) the released sum (the quotas' denominators, or the class weights')
+    lost: Tensor | None = None  # (K,) bool: whose histograms were lost on the way (federation.drop_rate; None: none)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def refresh_pseudo_labels(
         if not labeller.cooperative:  # the selected counts are all a client's pseudo-labels release
             released = (rows if privacy.local else torch.zeros_like(rows), total)
     return Refresh(all_estimated, quotas, selected, None if train_labels is None else hits,
-                   weights, None if zero_shot else agreed, *(released or (None, None)))
+                   weights, None if zero_shot else agreed, *(released or (None, None)), lost=lost)
 
 
 def private_quotas(host: Host, labeller: Labeller, privacy: Privacy, probs: dict[int, Tensor], hosted: list,

@@ -121,6 +121,8 @@ def answers(arrivals: Arrivals, outcome: RoundOutcome) -> dict:
         "late": ids(arrivals.late),  # past the deadline: left out, or cut short (federation.late partial)
         "surplus": ids(arrivals.surplus),  # arrived after the first wanted ones (federation.over_select): not taken
         "accepted": ids(arrivals.accepted),  # whose upload the server aggregated (unless kept_global)
+        # whose pseudo-label histograms were lost at this round's refresh (federation.drop_rate)
+        "histograms_lost": ids(outcome.refresh.lost) if outcome.refreshed and outcome.refresh.lost is not None else [],
         "attackers_accepted": outcome.poisoned or [],  # the attackers among them (federation.attackers)
         "kept_global": outcome.kept_global,  # fewer than federation.min_uploads: nothing aggregated
         "virtual_seconds": arrivals.round_seconds,  # the round's virtual duration

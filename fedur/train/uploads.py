@@ -243,9 +243,6 @@ def build(fed, num_clients: int, seed: int, batch_size: int, local_epochs: int) 
     if fed.min_uploads > num_clients:
         raise ConfigError(f"federation.min_uploads={fed.min_uploads} is more than the {num_clients} training clients: no "
                           "round could aggregate")
-    if fed.aggregator == "trimmed_mean" and 2 * int(fed.trim * num_clients) >= num_clients:
-        raise ConfigError(f"federation.trim={fed.trim:g} cuts {int(fed.trim * num_clients)} of {num_clients} uploads at "
-                          "each end: none would remain; a smaller trim")
     speeds, bandwidths = client_speeds(fed.speeds, num_clients, fed.speed_spread, seed, fed.bandwidth)
     return UploadRules(
         seed=seed, drop_rate=fed.drop_rate, speeds=speeds, bandwidths=bandwidths, deadline=fed.deadline,
