@@ -215,6 +215,16 @@ def privacy_rows(run: Run) -> list[list[str]]:
     return rows
 
 
+def client_answer_rows(run: Run) -> list[list[str]]:
+    """Clients that drop, lag or attack (summary.json's "system"): per round how many were asked, answered, lost, late
+    and taken, and the virtual time; [] for a run where every asked client answered on time."""
+    if "system" not in (run.summary or {}) and not any(r.get("dropped") or r.get("late") or r.get("surplus") for r in run.rounds):
+        return []
+    return [[str(r["round"]), *(str(len(r.get(key) or [])) for key in ("asked", "answered", "dropped", "late", "accepted")),
+             "kept" if r.get("kept_global") else "", f"{r.get('virtual_seconds', 0):.4g}", f"{r.get('virtual_clock', 0):.4g}",
+             _pct(r.get("mean_accuracy"))] for r in run.rounds if "asked" in r]
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = [header, ["---"] * len(header), *rows]
     return "\n".join("| " + " | ".join(cell.replace("|", "/") for cell in line) + " |" for line in lines)
@@ -243,6 +253,13 @@ def markdown(runs: list[Run], pngs: list[Path]) -> str:
             delta = run.rounds[-1].get("delta")
             parts.append(f"Privacy (epsilon at delta {delta:g}, docs/privacy.md):\n\n" + table(
                 ["round", "epsilon", "clip", "mean accuracy"], privacy))
+        answers = client_answer_rows(run)
+        if answers:
+            system = (run.summary or {}).get("system", {})
+            said = f"attackers {system['attackers']} ({system['attack']}), " if system.get("attackers") else ""
+            parts.append(f"Clients that answered ({said}aggregator {system.get('aggregator', 'mean')}; docs/system.md):\n\n"
+                         + table(["round", "asked", "answered", "lost", "late", "taken", "global", "virtual s",
+                                  "virtual clock", "mean accuracy"], answers))
         metrics = method_metric_rows(run)
         if metrics:  # what the method's server reported (Aggregated.metrics)
             parts.append("Method metrics:\n\n" + table(["metric", "first round", "last round", "min", "max"], metrics))

@@ -129,3 +129,18 @@ def test_everything_off_is_the_default_and_changes_no_result(tiny_runs):
         assert r["dropped"] == r["late"] == r["surplus"] == r["histograms_lost"] == [] and not r["kept_global"]
         assert r["virtual_seconds"] == max(r["local_steps"])
     assert "system" not in json.loads((tiny_runs / "fedur" / "summary.json").read_text())
+
+
+def test_fedur_report_prints_who_answered_each_round(lagging, tmp_path):
+    from fedur.report import main as report
+
+    report([str(lagging), "--out", str(tmp_path / "report")])
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "Clients that answered (aggregator mean; docs/system.md)" in text
+    section = text.split("Clients that answered")[1].split("\n\n")[1]  # its table
+    rows = section.splitlines()[2:]  # below the header
+    rounds = read_rounds(lagging)
+    assert len(rows) == len(rounds)
+    for line, r in zip(rows, rounds):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:6] == [str(r["round"]), *(str(len(r[k])) for k in ("asked", "answered", "dropped", "late", "accepted"))]
