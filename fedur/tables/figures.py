@@ -25,6 +25,7 @@ def write_figures(grid: Grid, cells: dict, specs: list[RunSpec], folder: Path) -
         files += table_bars(grid, cells, section, folder)
     files += figure3(grid, cells, folder)
     files += privacy_figure(grid, cells, folder)
+    files += virtual_time_figure(grid, specs, folder)
     for column in (c for c in grid.columns if c.runs is None):  # a reading column's runs are its owner's
         files += figure2(grid, [s for s in specs if s.column is column], folder)
     return files
@@ -132,6 +133,46 @@ def privacy_figure(grid: Grid, cells: dict, folder: Path) -> list[Path]:
     for ax in fig.axes:  # the rightmost point is the run without privacy, not an epsilon
         ax.set_xticks(xs, [f"{x:g}" for x in xs[:-1]] + ["none"])
     return save_figure(fig, folder / "privacy-accuracy-epsilon")
+
+
+SYSTEM_SETTING = "system-"  # Column.setting of the system grid's columns (docs/system.md): system-<key>
+
+
+def virtual_time_series(grid: Grid, specs: list[RunSpec]) -> dict[str, dict[str, tuple[list, list, list, list]]]:
+    """Accuracy against virtual time: row label -> column label -> (the round's virtual clock, mean over the seeds;
+    the personal mean accuracy, mean over the seeds; its lowest; its highest), from zero-shot CLIP at 0."""
+    curves: dict[str, dict[str, dict[int, list[tuple[float, float]]]]] = {}
+    for spec in specs:
+        if spec.column.runs is not None or not spec.column.setting.startswith(SYSTEM_SETTING):
+            continue
+        path, summary = spec.run_dir / "metrics.jsonl", spec.run_dir / "summary.json"
+        if not summary.is_file() or not path.is_file():
+            continue
+        zero = json.loads(summary.read_text()).get("zero_shot_client_mean")
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        points = [(0, 0.0, zero), *((n, r.get("virtual_clock"), r.get("mean_accuracy")) for r, n in zip(rows, round_numbers(rows)))]
+        by_round = curves.setdefault(" ".join(label for label in spec.row.labels if label != "-"), {}).setdefault(spec.column.label, {})
+        for number, clock, accuracy in points:
+            if clock is not None and accuracy is not None:
+                by_round.setdefault(number, []).append((clock, accuracy))
+    return {row: {column: (rounds := sorted(by_round),
+                           [statistics.fmean(c for c, _ in by_round[r]) for r in rounds],
+                           [statistics.fmean(a for _, a in by_round[r]) for r in rounds],
+                           [min(a for _, a in by_round[r]) for r in rounds],
+                           [max(a for _, a in by_round[r]) for r in rounds])[1:]
+                  for column, by_round in columns.items()}
+            for row, columns in curves.items()}
+
+
+def virtual_time_figure(grid: Grid, specs: list[RunSpec], folder: Path) -> list[Path]:
+    """The system grid's accuracy against virtual time: one panel per method, one line per column (all answer, lost
+    uploads, a deadline, ...), the mean over the seeds with a band from the lowest to the highest seed's accuracy."""
+    panels = virtual_time_series(grid, specs)
+    if not panels:
+        return []
+    fig = band_panels(panels, f"{grid.title}\npersonal accuracy against virtual time (0: zero-shot CLIP)",
+                      "virtual seconds (mean over the seeds)", "mean accuracy over clients (%)")
+    return save_figure(fig, folder / "accuracy-virtual-time")
 
 
 def divergence_series(specs: list[RunSpec]) -> dict[str, dict[str, tuple[list, list, list, list]]]:
