@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedur.federated.clock import Arrivals
 from fedur.federated.divergence import drift_diversity, mean_pairwise_cosine_distance
 from fedur.methods.base import LocalRound
 from fedur.train.evaluate import evaluate_round
@@ -54,28 +55,12 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
                                               rules.at_refresh(round_idx, host.num_clients), state.privacy)
     clock.lap("refresh")
 
-    num_training = int(training.sum())  # the others: evaluation.new_clients
-    joined = torch.zeros(host.num_clients, dtype=torch.bool, device="cpu")  # drawn among the training clients only
+    drawn = take_part(host, state, round_idx, plan)  # who is asked, their weights, who will arrive (and when)
+    joined, weights, arrivals, piece_bytes = drawn.joined, drawn.weights, drawn.arrivals, drawn.piece_bytes
     private = state.privacy  # privacy.mode central | local (None: off)
-    rate = rules.join_rate(plan.join_rate, num_training)  # federation.over_select asks more than it takes
-    joined[:num_training] = (method.participants(round_idx, num_training, rate, plan.seed) if private is None
-                             else private.participants(round_idx, num_training))  # privacy: from its secret seed
-    selected = None if state.refresh is None else state.refresh.selected.sum(dim=1)
-    weights = method.client_weights(selected, plan.train_sizes) * joined  # 0 for the clients that sit out,
-    if selected is not None:  # and for those without a pseudo-label: nothing to train on, nothing to upload
-        weights = weights * (selected > 0)
-    piece_bytes = state.server.upload_bytes()  # {name: bytes} of one client's upload
-    # privacy: every drawn client uploads (a zero update without pseudo-labels), with the same weight
-    uploading = joined.clone() if private is not None else weights > 0
-    wanted = math.ceil(plan.join_rate * num_training) if plan.join_rate < 1 else num_training
-    arrivals = rules.arrivals(round_idx, uploading, selected if method.trains else None, sum(piece_bytes.values()), wanted)
     started = {c.client_id: c.pieces for c in host.clients}  # before local training, for the divergence
-    budgets = None  # -1: every step
-    if rules.late == "partial":  # a late client trains the steps it can finish in time (none: it does not train)
-        budgets = torch.where(arrivals.late, arrivals.budget, -1)
-        weights = weights * (budgets != 0)
     trained = weights > 0  # lost and late uploads were trained all the same (a late one: as far as its budget)
-    local_losses, local = train_clients(host, state, round_idx, weights, plan, budgets) if method.trains else ({}, {})
+    local_losses, local = train_clients(host, state, round_idx, weights, plan, drawn.budgets) if method.trains else ({}, {})
     clock.lap("train")
 
     # the clients' raw updates are no release of a private run: no divergence of them
@@ -110,6 +95,43 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
         arrivals=arrivals, trained=trained if method.trains else None, kept_global=kept,
         virtual_clock=state.virtual_seconds, poisoned=[k for k in rules.attackers if bool(arrivals.accepted[k])],
     )
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """Who takes part in a round, before anyone trains (rows are client ids)."""
+
+    joined: Tensor  # (K,) bool: drawn (asked, with over-selection)
+    weights: Tensor  # (K,) the aggregation weight of each one that trains (0: sits out, or has nothing to train on)
+    arrivals: Arrivals  # who will be lost, late or taken, and when (fedur/federated/clock.py)
+    budgets: Tensor | None  # (K,) int64 the steps each may take (-1: all; None: no deadline cuts any)
+    piece_bytes: dict[str, int]  # {name: bytes} of one client's upload
+
+
+def take_part(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> Drawn:
+    """Draw the round's participants (Method.participants, or privacy's own draw; over-selection asks more), weigh
+    them (Method.client_weights; 0 without a pseudo-label: nothing to train on, nothing to upload), and decide on the
+    virtual clock who will be lost, late or cut short (fedur/train/uploads.py). Every rank calls this."""
+    method, rules, private = host.method, plan.rules, state.privacy
+    num_training = int(host.training.sum())  # the others: evaluation.new_clients
+    joined = torch.zeros(host.num_clients, dtype=torch.bool, device="cpu")  # drawn among the training clients only
+    rate = rules.join_rate(plan.join_rate, num_training)  # federation.over_select asks more than it takes
+    joined[:num_training] = (method.participants(round_idx, num_training, rate, plan.seed) if private is None
+                             else private.participants(round_idx, num_training))  # privacy: from its secret seed
+    selected = None if state.refresh is None else state.refresh.selected.sum(dim=1)
+    weights = method.client_weights(selected, plan.train_sizes) * joined  # 0 for the clients that sit out,
+    if selected is not None:  # and for those without a pseudo-label
+        weights = weights * (selected > 0)
+    piece_bytes = state.server.upload_bytes()
+    # privacy: every drawn client uploads (a zero update without pseudo-labels), with the same weight
+    uploading = joined.clone() if private is not None else weights > 0
+    wanted = math.ceil(plan.join_rate * num_training) if plan.join_rate < 1 else num_training
+    arrivals = rules.arrivals(round_idx, uploading, selected if method.trains else None, sum(piece_bytes.values()), wanted)
+    budgets = None
+    if rules.late == "partial":  # a late client trains the steps it can finish in time (none: it does not train)
+        budgets = torch.where(arrivals.late, arrivals.budget, -1)
+        weights = weights * (budgets != 0)
+    return Drawn(joined, weights, arrivals, budgets, piece_bytes)
 
 
 def train_clients(host: Host, state: RunState, round_idx: int, weights: Tensor, plan: RoundPlan,
