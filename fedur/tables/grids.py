@@ -41,6 +41,8 @@ ACCURACIES = {
                                       "holds",
     "final_domain_mean": "feature skew: each domain's accuracy as the mean over its clients, then the mean over domains",
     "attack": "fedur-attack's measurements of each run (RUN/attack/, docs/privacy-attacks.md), as each section's title says",
+    "system": "who answered and when (summary.json's system, docs/system.md): the run's virtual seconds, or the uploads "
+              "the server took over its rounds, as each section's title says",
 }
 
 
