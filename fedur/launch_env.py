@@ -172,8 +172,54 @@ def make_fabric(settings: FabricConfig, env: LaunchEnv, wait_timeout: float = 10
         precision=None if env.precision is not None else env.resolved_precision(settings),  # fabric run's flag wins
     )
     if not env.cli:  # under `fabric run` the processes already exist
+        if env.elastic and env.expected_world_size(settings) > 1:
+            attempt_process_group(fabric.device, timedelta(seconds=wait_timeout))
         fabric.launch()
     return fabric
+
+
+def attempt_process_group(device: torch.device, timeout: timedelta, environ: Mapping[str, str] = os.environ) -> bool:
+    """Under torchrun with its agent's store (TORCHELASTIC_USE_AGENT_STORE=True, its default): the default process group,
+    made here on keys of this attempt's own, before Fabric's launch (which then takes it as it is). Returns whether it
+    made the group.
+
+    torchrun's agent serves one TCPStore, at MASTER_ADDR:MASTER_PORT, for the whole job: every attempt it restarts
+    (`--max-restarts`) meets the same port and the keys the attempts before it wrote. A gloo or NCCL group publishes
+    each rank's address under a key that is named alike in every attempt (default_pg/<group>/...), and a rank reads
+    its peers' keys as soon as they exist: a restarted rank that looks before its peer has written again reads the
+    killed attempt's address and fails to connect (gloo: "Connection refused"; NCCL: the old unique id), or hangs. Which
+    rank looks first is a race, which a group the ranks reach at different times (the heartbeat's,
+    federated/collectives.py) loses most. Here every key lives under
+    fedur/attempt_<TORCHELASTIC_RESTART_COUNT>: the agent starts an attempt's workers only after the last attempt's
+    are gone, and on one node it gives them all the same count, so a rank reads only what this attempt wrote.
+
+    On several nodes each agent counts its own restarts (an agent whose workers were still healthy when another
+    node asked for a new rendezvous counts none), so there the count names no attempt: restarts there need a store
+    per attempt, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun (with --rdzv-backend c10d), and without it a
+    ConfigError stops the run before any compute."""
+    import torch.distributed as dist
+
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
+        return False  # a store of this attempt's own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), or a group already made
+    world_size, per_node = int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_WORLD_SIZE", environ["WORLD_SIZE"]))
+    if world_size != per_node and environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0":
+        raise ConfigError(
+            f"torchrun restarts on several nodes (--max-restarts {environ['TORCHELASTIC_MAX_RESTARTS']}, {world_size} "
+            f"processes, {per_node} per node) need a store per attempt: start torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv-backend c10d (its shared store keeps a killed attempt's "
+            "addresses, which the restarted ranks would read), or with --max-restarts 0"
+        )
+    store = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout)
+    attempt = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # what Fabric's launch does before it makes the group
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",  # Lightning's choice for the device
+        store=dist.PrefixStore(f"fedur/attempt_{attempt}", store),
+        rank=int(environ["RANK"]), world_size=world_size, timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+    return True
 
 
 def set_threads(fabric, threads: int | None) -> int:
