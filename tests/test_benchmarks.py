@@ -115,19 +115,28 @@ def test_round_cost_reports_the_evaluation_with_the_global_model_on_and_off_and_
     assert "| fedur-tiny|20|on|global-off | not recorded |" in text  # a fedur that does not write startup_seconds
 
 
-@pytest.mark.slow  # starts two fedur processes
-def test_round_cost_whole_rounds_run_with_the_global_model_on_and_off(tmp_path):
-    code = exit_code(benchmark("round_cost").main, ["--smoke", "--parts", "round", "--round-shared", "on",
-                                                     "--out", str(tmp_path)])
-    assert code == 0
-    results = json.loads((tmp_path / "cpu-smoke.json").read_text())
+@pytest.fixture(scope="module")
+def first_light(tmp_path_factory) -> tuple[int, Path]:
+    """gpu_first_light.py's CPU rehearsal of its round-cost step, run once for the tests that read it: (its exit
+    code, its --out folder). The step runs round_cost.py's `round` part on fedur-tiny, 2 clients and 40 images, the
+    text tower shared, the global model on and off: two fedur processes, each of 2 rounds (round_cost/cpu.json)."""
+    out = tmp_path_factory.mktemp("first-light")
+    return exit_code(benchmark("gpu_first_light").main, ["--cpu-rehearsal", "--steps", "round-cost", "--out", str(out)]), out
+
+
+@pytest.mark.slow  # reads the whole-round runs of the first-light rehearsal's round_cost.py (two fedur processes)
+def test_round_cost_whole_rounds_run_with_the_global_model_on_and_off(first_light):
+    code, out = first_light
+    assert code == 0, (out / "first-light.md").read_text()
+    results = json.loads((out / "round_cost" / "cpu.json").read_text())
     assert set(results["round"]) == {"fedur-tiny|40|on", "fedur-tiny|40|on|global-off"}
     assert [r["global_model"] for r in results["round"].values()] in ([True, False], [False, True])
-    (row,) = results["global_evaluation"]["fedur-tiny|40|on"]
-    assert row["evaluate_on"] > 0 and row["evaluate_off"] > 0
+    rows = results["global_evaluation"]["fedur-tiny|40|on"]
+    assert [row["round"] for row in rows] == [1, 2]  # each of its rounds, against the global-off twin's
+    assert all(row["evaluate_on"] > 0 and row["evaluate_off"] > 0 for row in rows)
     for run in results["round"].values():  # not yet written by every fedur: then null
         assert run["startup_seconds"] is None or set(benchmark("round_cost").STARTUP) <= set(run["startup_seconds"])
-    assert "### Evaluation with the global protocol on and off" in (tmp_path / "cpu-smoke.md").read_text()
+    assert "### Evaluation with the global protocol on and off" in (out / "round_cost" / "cpu.md").read_text()
 
 
 @pytest.mark.slow  # starts two fedur processes
@@ -182,9 +191,9 @@ def test_gpu_first_light_memory_child_runs_fedur_in_process(tmp_path, capsys):
 
 
 @pytest.mark.slow  # starts the import check, the matmul child, round_cost.py and its fedur runs as processes
-def test_gpu_first_light_rehearses_its_round_cost_step(tmp_path):
-    code = exit_code(benchmark("gpu_first_light").main, ["--cpu-rehearsal", "--steps", "round-cost", "--out", str(tmp_path)])
-    report = (tmp_path / "first-light.md").read_text()
+def test_gpu_first_light_rehearses_its_round_cost_step(first_light):
+    code, out = first_light
+    report = (out / "first-light.md").read_text()
     assert code == 0, report
     assert "| imports | PASS" in report and "| round-cost | PASS" in report
 

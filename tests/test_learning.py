@@ -1,9 +1,10 @@
 """Every method learns on the demo: on the demo CLIP (configs/smoke.yaml), whose zero-shot text side is wrong
 in a structured way, each of fedur's methods (found from the classes) with its own labeller (with its demo preset,
 configs/presets/demo/<key>.yaml, where it has one) ends clearly above zero-shot, under `fabric run` on 2 ranks and
-identically on 1 rank for FedUR (the README's two smoke commands; the others through tests/run_many.py on 2 ranks,
-whose 1-rank equality tests/test_methods.py checks on the tiny model). GDA-U is training-free: a Gaussian
-discriminant fitted by federated EM on the demo's well-separated image features.
+identically on 1 rank for FedUR (the README's two smoke commands, the 2-rank one as the first run of the one
+`fabric run` of tests/run_many.py that runs the others on 2 ranks, whose 1-rank equality tests/test_methods.py checks
+on the tiny model). GDA-U is training-free: a Gaussian discriminant fitted by federated EM on the demo's
+well-separated image features.
 
 Each method's margin is half its smallest gain over zero-shot on seeds 1-5 as `benchmarks/demo_learning.py` measured
 it (benchmarks/results/demo_learning.json), rounded down to a tenth of a point; these runs are seed 1. A method
@@ -41,16 +42,17 @@ def margin(name: str) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    """FedUR as the README's two smoke commands; every other method on 2 ranks, in one `fabric run`. (That every
-    method on 2 ranks equals it on 1 is checked on the tiny model for each, tests/test_methods.py: the smallest
-    configuration that check allows; FedUR's here is the README's promise.)"""
+    """FedUR as the README's two smoke commands: `python fedur/main.py` on 1 rank, and under `fabric run` on 2 ranks
+    the same entry point (fedur.main.main, with the README's flags) as the first run of the one `fabric run` that runs
+    every other method on 2 ranks after it (tests/run_many.py: one start of the launcher and its ranks for them all).
+    (That every method on 2 ranks equals it on 1 is checked on the tiny model for each, tests/test_methods.py: the
+    smallest configuration that check allows; FedUR's here is the README's promise.)"""
     root = tmp_path_factory.mktemp("demo")
     fabric = str(Path(sys.executable).parent / "fabric")
-    run_ok_on_a_free_port(lambda port: [fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(port),
-                                         "fedur/main.py", *SMOKE, "--run.output_dir", str(root / "fedur-2")])
     run_ok([sys.executable, "fedur/main.py", *SMOKE, "--run.output_dir", str(root / "fedur-1")])
+    readme = {"fedur": []}  # the README's 2-rank command: its flags only
     others = {name: flags for name, flags in METHODS.items() if name != "fedur"}
-    argv = [json.dumps([*SMOKE, *flags, "--run.output_dir", str(root / f"{name}-2")]) for name, flags in others.items()]
+    argv = [json.dumps([*SMOKE, *flags, "--run.output_dir", str(root / f"{name}-2")]) for name, flags in {**readme, **others}.items()]
     run_ok_on_a_free_port(lambda port: [fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(port),
                                          "tests/run_many.py", *argv], timeout=900)
     return root

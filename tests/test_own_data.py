@@ -36,10 +36,11 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, data) -> tuple[Path, dict[str, str]]:
-    """{name: stdout}: own-1, unlabelled-1, drawn-1 (the tiny synthetic run, Dirichlet) on 1 rank; own-2,
-    unlabelled-2, replay-2 (own's split read back from own-1's partition.json) and csv-2 (drawn-1's split as
-    CSV) on 2 ranks."""
+def runs(tmp_path_factory, data) -> tuple[Path, dict]:
+    """{name: stdout}: own-1, unlabelled-1, drawn-1 (the tiny synthetic run, Dirichlet) on 1 rank; "killed": (exit
+    status, output) of the unlabelled run killed on 2 ranks in its second round; then on 2 ranks in one `fabric run`
+    that run resumed (its first run, "killed" stays its directory), own-2, unlabelled-2, replay-2 (own's split read
+    back from own-1's partition.json) and csv-2 (drawn-1's split as CSV)."""
     root = tmp_path_factory.mktemp("own-runs")
     one = {f"{layout}-1": [*SMOKE, *QUIET, *own_args(data, layout)] for layout in LAYOUTS}
     one["drawn-1"] = [*SMOKE, *QUIET]
@@ -48,7 +49,12 @@ def runs(tmp_path_factory, data) -> tuple[Path, dict[str, str]]:
                                          "--federation.rounds", "2"]
     out = {"one": run_ok([sys.executable, "tests/run_many.py", *runs_argv(one, root)], timeout=600).stdout}
     write_csv(root / "drawn-1" / "partition.json", root / "split.csv")
-    two = {f"{layout}-2": [*SMOKE, *QUIET, *own_args(data, layout)] for layout in LAYOUTS}
+    killed = launch([*QUIET, *own_args(data, "unlabelled"), "--run.output_dir", str(root / "killed")], fabric_ranks=2,
+                    fault="kill:train:2:1")
+    output, _ = timed_output(killed)
+    out["killed"] = (killed.returncode, output)
+    two = {"killed": [*SMOKE, *QUIET, *own_args(data, "unlabelled"), "--run.resume", "true"]}  # resumed, as launched
+    two.update({f"{layout}-2": [*SMOKE, *QUIET, *own_args(data, layout)] for layout in LAYOUTS})
     two["replay-2"] = [*SMOKE, *QUIET, *own_args(data, "own")[:-2], "--federation.partition", "file",
                        "--federation.partition_file", str(root / "own-1" / "partition.json")]
     two["csv-2"] = [*SMOKE, *QUIET, "--federation.partition", "file", "--federation.partition_file", str(root / "split.csv")]
@@ -158,18 +164,14 @@ def test_a_split_read_back_on_two_ranks_equals_the_run_that_wrote_it(runs):
     assert [k for k in want if not got[k].equal(want[k])] == []
 
 
-def test_unlabelled_own_folders_killed_on_two_ranks_then_resumed_equal_the_uninterrupted_run(runs, data, tmp_path):
-    root, _ = runs
-    run_dir = tmp_path / "run"
-    args = [*QUIET, *own_args(data, "unlabelled"), "--run.output_dir", str(run_dir)]
-    killed = launch(args, fabric_ranks=2, fault="kill:train:2:1")
-    out, _ = timed_output(killed)
-    assert killed.returncode != 0 and "injected fault: kill at train of round 2 on rank 1" in out, out[-2000:]
-    resumed = launch([*args, "--run.resume", "true"], fabric_ranks=2)
-    out, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, out[-3000:]
-    assert "resumed from" in out
-    assert_same(run_dir, root / "unlabelled-1")
+def test_unlabelled_own_folders_killed_on_two_ranks_then_resumed_equal_the_uninterrupted_run(runs):
+    root, out = runs
+    code, killed = out["killed"]
+    assert code != 0 and "injected fault: kill at train of round 2 on rank 1" in killed, killed[-2000:]
+    header = "fedur: clientfolders"  # each run's first line: the resumed run's lines end where own-2's begin
+    resumed = out["two"][:out["two"].index(header, out["two"].index(header) + 1)]
+    assert "resumed from" in resumed, resumed[-3000:]  # and it exited 0 with the runs after it (run_ok)
+    assert_same(root / "killed", root / "unlabelled-1")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -191,14 +193,15 @@ def test_a_run_that_skipped_unreadable_images_replays_from_its_partition_json(tm
     (tmp_path / "data" / "clients" / "site_02" / "test" / "circle" / "broken.png").write_bytes(b"not an image")
     base = [*SMOKE, *QUIET, "--dataset", "ClientFolders", "--dataset.root", str(tmp_path / "data"),
             "--data.classnames_file", str(names), "--data.corrupt_images", "skip"]
-    drawn = {"drawn": [*base, "--federation.partition", "clients"]}
-    said = run_ok([sys.executable, "tests/run_many.py", *runs_argv(drawn, tmp_path)], timeout=300).stdout
+    # one process: the replay starts after the run whose partition.json it reads has finished
+    both = {"drawn": [*base, "--federation.partition", "clients"],
+            "replay": [*base, "--federation.partition", "file", "--federation.partition_file",
+                       str(tmp_path / "drawn" / "partition.json")]}
+    out = run_ok([sys.executable, "tests/run_many.py", *runs_argv(both, tmp_path)], timeout=300).stdout
+    said = out[:out.index("fedur: clientfolders", out.index("fedur: clientfolders") + 1)]  # up to the replay's first line
     assert said.count("2 unreadable image(s) left out (data.corrupt_images skip), e.g. ") == 1  # said once, and where
     assert f"skipped_ids in {tmp_path / 'drawn' / 'partition.json'}" in said
     written = json.loads((tmp_path / "drawn" / "partition.json").read_text())
     assert written["skipped_ids"] == {"train": ["clients/site_01/train/img_0045.png"],
                                       "test": ["clients/site_02/test/circle/broken.png"]}
-    replay = {"replay": [*base, "--federation.partition", "file", "--federation.partition_file",
-                         str(tmp_path / "drawn" / "partition.json")]}
-    run_ok([sys.executable, "tests/run_many.py", *runs_argv(replay, tmp_path)], timeout=300)
     assert_same(tmp_path / "drawn", tmp_path / "replay")

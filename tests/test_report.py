@@ -76,15 +76,15 @@ def test_report_of_a_finished_and_a_running_run(tmp_path, capsys):
     assert printed.startswith("# fedur runs") and f"wrote {out / 'report.md'}, {out / pngs[0]}" in printed
 
 
-def test_report_refuses_a_folder_that_is_not_a_run(tmp_path):
+def test_report_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    """In this process (`python -m fedur.report` itself: test_report_of_real_runs_written_by_fedur): exit status 2."""
     (tmp_path / "prompts").mkdir()
-    result = subprocess.run(
-        [sys.executable, "-m", "fedur.report", str(tmp_path / "prompts"), "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 2
-    assert f"fedur-report: error: {tmp_path / 'prompts'} is not a fedur run directory" in result.stderr
-    assert "neither metrics.jsonl nor summary.json" in result.stderr and not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as exit:
+        main([str(tmp_path / "prompts"), "--out", str(tmp_path / "out")])
+    assert exit.value.code == 2
+    stderr = capsys.readouterr().err
+    assert f"fedur-report: error: {tmp_path / 'prompts'} is not a fedur run directory" in stderr
+    assert "neither metrics.jsonl nor summary.json" in stderr and not (tmp_path / "out").exists()
 
 
 FIRST, SECOND = (31, 119, 180), (255, 127, 14)  # matplotlib's first two line colours (tab10)

@@ -23,30 +23,26 @@ from fedur.tables.runner import Inputs, command
 from .conftest import REPO
 
 
-def tables(out: Path, grid: str, *args: str) -> subprocess.CompletedProcess:
-    """fedur-tables through its real entry point."""
-    return subprocess.run([sys.executable, "-m", "fedur.tables.cli", grid, "--out", str(out), *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-
-
 def read_csv(path: Path) -> list[dict]:
     with path.open() as f:
         return list(csv.DictReader(f))
 
 
 @pytest.mark.slow
-def test_tiny_grid_runs_skips_and_resumes(tmp_path):
-    out = tmp_path / "tables"
-    first = tables(out, "tiny", "--seeds", "1,2", "--jobs", "2")
-    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
-    assert "4 to run" in first.stdout
+def test_tiny_grid_runs_skips_and_resumes(tmp_path, capsys):
+    out = tmp_path / "tables"  # in this process (`python -m fedur.tables.cli`: the installed wheel's test below)
+    code = cli.main(["tiny", "--out", str(out), "--seeds", "1,2", "--jobs", "2"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out[-4000:] + printed.err[-2000:]
+    first = printed.out
+    assert "4 to run" in first
     grid = GRIDS["tiny"]
     specs = expand(grid, [1, 2], out)
     assert len(specs) == 4
     for _i, spec in enumerate(specs, start=1):
-        assert spec.log.is_file() and str(spec.log) in first.stdout
+        assert spec.log.is_file() and str(spec.log) in first
         assert (spec.run_dir / "summary.json").is_file()
-    assert "[4/4] finished" in first.stdout
+    assert "[4/4] finished" in first
 
     # The table, recomputed from the summaries.
     wide = {row["row"]: row for row in read_csv(out / "tiny" / "table.csv")}
@@ -67,9 +63,9 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path):
 
     # A second call runs nothing: every run has its summary.json.
     logs = {spec.log: (spec.log.stat().st_mtime_ns, spec.log.stat().st_size) for spec in specs}
-    second = tables(out, "tiny", "--seeds", "1,2")
-    assert second.returncode == 0, second.stdout[-3000:]
-    assert "4 finished, 0 to run" in second.stdout
+    assert cli.main(["tiny", "--out", str(out), "--seeds", "1,2"]) == 0
+    second = capsys.readouterr().out
+    assert "4 finished, 0 to run" in second, second[-3000:]
     assert {log: (log.stat().st_mtime_ns, log.stat().st_size) for log in logs} == logs
 
     # An interrupted run (committed round 1 of 2, no summary) is resumed, not restarted, and ends as the
@@ -78,10 +74,10 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path):
     before = json.loads((spec.run_dir / "summary.json").read_text())
     (spec.run_dir / "summary.json").unlink()
     shutil.rmtree(spec.run_dir / "checkpoints" / "round_00002")
-    third = tables(out, "tiny", "--seeds", "1,2")
-    assert third.returncode == 0, third.stdout[-3000:] + spec.log.read_text()[-3000:]
-    assert "1 to run (1 to resume)" in third.stdout
-    assert f"resuming after round 1: {spec.name}" in third.stdout
+    assert cli.main(["tiny", "--out", str(out), "--seeds", "1,2"]) == 0, spec.log.read_text()[-3000:]
+    third = capsys.readouterr().out
+    assert "1 to run (1 to resume)" in third, third[-3000:]
+    assert f"resuming after round 1: {spec.name}" in third
     after = json.loads((spec.run_dir / "summary.json").read_text())
     assert after["final_client_accuracy"] == before["final_client_accuracy"]
     assert after["rounds_completed"] == 2
@@ -388,7 +384,7 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
 
     own, paper = GRIDS["table7-own"], GRIDS["table7"]
     assert (own.rows, own.columns, own.protocol, paper.protocol) == (paper.rows, paper.columns, "own", "fedur")
-    born_own = {"demo-privacy"}  # a grid of the 'own' protocol alone (each baseline at its demo preset)
+    born_own = {"demo-privacy", "demo-system", "demo-robust"}  # grids of the 'own' protocol alone (each baseline at its demo preset)
     assert {f"{name}-own" for name, g in GRIDS.items() if g.protocol == "fedur" and any(r.preset for r in g.rows)} == {
         name for name, g in GRIDS.items() if g.protocol == "own"} - born_own
     assert all(GRIDS[name].protocol == "own" and f"{name}-own" not in GRIDS for name in born_own)
