@@ -27,7 +27,7 @@ def poisoned_update(update: Tensor, attack: str, scale: float, generator: torch.
     if attack == "scale":
         return scale * update
     if attack == "gaussian":
-        noise = torch.randn(update.shape, generator=generator, dtype=torch.float64)
+        noise = torch.randn(update.shape, generator=generator, dtype=torch.float64, device="cpu")
         return (scale * noise).to(update.dtype)
     if attack == "constant":
         return torch.full_like(update, scale)

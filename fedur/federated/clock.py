@@ -82,7 +82,8 @@ def arrivals(asked: Tensor, steps: Tensor, speeds: Tensor, upload_bytes: float, 
     The server waits until every asked client's upload is in (a lost one: until it would have been, when its loss
     shows), until the deadline, or until the `wanted`-th arrival, whichever comes first."""
     steps = steps.long()
-    seconds = torch.where(asked, client_seconds(steps, speeds, upload_bytes, bandwidths), torch.zeros((), dtype=torch.float64))
+    none = torch.zeros((), dtype=torch.float64, device="cpu")
+    seconds = torch.where(asked, client_seconds(steps, speeds, upload_bytes, bandwidths), none)
     limit = None if deadline is None else deadline_seconds(deadline.value, deadline.unit, seconds, asked)
     sending = seconds - steps.double() / speeds.double()  # the upload's share of each one's time
     over = asked & ~lost & (seconds > limit) if limit is not None else torch.zeros_like(asked)
@@ -100,7 +101,7 @@ def arrivals(asked: Tensor, steps: Tensor, speeds: Tensor, upload_bytes: float, 
         order = sorted(torch.nonzero(taken).flatten().tolist(), key=lambda k: (float(arrival[k]), k))
         surplus[order[wanted:]] = True
         taken = taken & ~surplus
-    arrival = torch.where(taken, arrival, torch.zeros((), dtype=torch.float64))
+    arrival = torch.where(taken, arrival, torch.zeros((), dtype=torch.float64, device="cpu"))
     if wanted is not None and int(taken.sum()) == wanted and bool(surplus.any()):
         duration = float(arrival[taken].max())  # the wanted-th arrival: the server stops waiting
     else:
@@ -112,4 +113,4 @@ def arrivals(asked: Tensor, steps: Tensor, speeds: Tensor, upload_bytes: float, 
 
 def planned_steps(selected: Tensor, batch_size: int, local_epochs: int) -> Tensor:
     """(K,) int64 each client's local steps in a round: its epochs over its `selected` pseudo-labels in batches."""
-    return torch.tensor([local_epochs * math.ceil(int(n) / batch_size) for n in selected.tolist()], dtype=torch.long)
+    return torch.tensor([local_epochs * math.ceil(int(n) / batch_size) for n in selected.tolist()], dtype=torch.long, device="cpu")

@@ -103,9 +103,9 @@ class UploadRules:
         each one's selected pseudo-labels (None: a method that trains nothing: no local steps); `wanted`: how many
         the round takes (over-selection)."""
         num_clients = len(asked)
-        steps = torch.zeros(num_clients, dtype=torch.long) if selected is None else \
+        steps = torch.zeros(num_clients, dtype=torch.long, device="cpu") if selected is None else \
             clock.planned_steps(selected, self.batch_size, self.local_epochs)
-        speeds = torch.ones(num_clients, dtype=torch.float64) if self.speeds is None else self.speeds
+        speeds = torch.ones(num_clients, dtype=torch.float64, device="cpu") if self.speeds is None else self.speeds
         lost = torch.from_numpy(streams.lost(num_clients, self.drop_rate, self.seed, round_idx))
         deadline = None if self.deadline is None else clock.Deadline(self.deadline, self.deadline_unit, self.late)
         return clock.arrivals(asked, steps, speeds, upload_bytes, self.bandwidths, lost, deadline,
@@ -149,7 +149,7 @@ class UploadRules:
         if self.aggregator in ("krum", "multi_krum"):
             keep = 0 if self.aggregator == "krum" else (self.krum_keep or max(1, len(taken) - self.krum_malicious))
             kept = taken[robust.krum_select(rows, self.krum_malicious, keep)]
-            weights = torch.where(torch.isin(torch.arange(len(weights)), kept), weights, torch.zeros_like(weights))
+            weights = torch.where(torch.isin(torch.arange(len(weights), device="cpu"), kept), weights, torch.zeros_like(weights))
             return uploads, weights, {"kept": len(kept)}
         if self.aggregator == "median":
             value = robust.coordinate_median(rows)[None].expand_as(rows)
@@ -189,7 +189,7 @@ def client_speeds(spec: str, num_clients: int, spread: float, seed: int, bandwid
     'lognormal' (each client's own factor, drawn once from `seed`, times 1 step per second and `bandwidth`), or a
     file (docs/system.md). A ConfigError for a file that cannot be read or does not fit."""
     if spec == "equal":
-        return None, None if bandwidth is None else torch.full((num_clients,), float(bandwidth), dtype=torch.float64)
+        return None, None if bandwidth is None else torch.full((num_clients,), float(bandwidth), dtype=torch.float64, device="cpu")
     if spec == "lognormal":
         speeds = torch.from_numpy(streams.client_factors(num_clients, spread, seed, streams.SPEED))
         bandwidths = None if bandwidth is None else \
@@ -197,7 +197,7 @@ def client_speeds(spec: str, num_clients: int, spread: float, seed: int, bandwid
         return speeds, bandwidths
     speeds, bandwidths = read_speeds(Path(spec).expanduser(), num_clients)
     if bandwidths is None and bandwidth is not None:
-        bandwidths = torch.full((num_clients,), float(bandwidth), dtype=torch.float64)
+        bandwidths = torch.full((num_clients,), float(bandwidth), dtype=torch.float64, device="cpu")
     return speeds, bandwidths
 
 
@@ -229,7 +229,7 @@ def read_speeds(path: Path, num_clients: int) -> tuple[Tensor, Tensor | None]:
         if len(values) != num_clients or not all(isinstance(v, (int, float)) and v > 0 for v in values):
             raise ConfigError(f"{what}: {name} must be {num_clients} positive numbers, one per client (it has "
                               f"{len(values)})")
-        out.append(torch.tensor([float(v) for v in values], dtype=torch.float64))
+        out.append(torch.tensor([float(v) for v in values], dtype=torch.float64, device="cpu"))
     return out[0], out[1]
 
 
