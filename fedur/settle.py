@@ -54,6 +54,7 @@ def settle_num_clients(cfg: Config) -> int | None:
 
 def check_uploads(cfg: Config, labeller, held: int) -> None:
     """The refusals of how clients answer (federation.drop_rate ... clip_norm; fedur/train/uploads.py), in one line."""
+    from fedur.federated.attacks import MODEL_ATTACKS
     from fedur.methods.base import shared_names
     from fedur.train.uploads import build
 
@@ -64,7 +65,7 @@ def check_uploads(cfg: Config, labeller, held: int) -> None:
         what = "sums its clients' statistics (Method.summed)" if method.summed else "shares no piece"
         raise ConfigError(f"federation.aggregator={fed.aggregator} combines the clients' uploads of the shared pieces, and "
                           f"{type(method).__name__} {what}; use federation.aggregator=mean")
-    if fed.attack in ("sign_flip", "scale", "gaussian", "constant") and not shared_names(method):
+    if fed.attack in MODEL_ATTACKS and not shared_names(method):
         raise ConfigError(f"federation.attack={fed.attack} replaces a client's update of the shared pieces, and "
                           f"{type(method).__name__} shares none; label_flip poisons its pseudo-labels instead")
     if fed.attack == "label_flip" and labeller is None:

@@ -73,13 +73,13 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     saved = None if resume is None else checkpoint.restore(resume, host.clients)  # its clients against the checkpoint
     numbering = checkpoint.FORMAT if resume is None else resume.marker.format  # a run keeps its numbering
     history = run_dir.history(start_round, fabric.is_global_zero, checkpoint.first_round(numbering))
+    server, plan = ServerState.start(host.method, host.model, host.start), round_plan(cfg, host, truth)
+    check_deadline(plan.rules, sum(server.upload_bytes().values()))  # (a refusal leaves no run directory)
     checked()
     if fabric.is_global_zero:  # only now: a run that fails while loading leaves no directory behind
         run_dir.root.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
     recorder = open_recorder(host, cfg, run_dir, history, start_round, truth, skipped)
-    server, plan = ServerState.start(host.method, host.model, host.start), round_plan(cfg, host, truth)
-    check_deadline(plan.rules, sum(server.upload_bytes().values()))
     state = RunState(server, privacy=private_releases(cfg, host, plan, server))
     if saved is None:
         with startup.timing("zero_shot"):

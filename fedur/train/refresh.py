@@ -77,6 +77,7 @@ def refresh_pseudo_labels(
     num_classes = host.model.num_classes
     members = host.training if answering.members is None else answering.members
     lost, flipped = answering.lost, answering.flipped
+    answered = members if lost is None else members & ~lost  # whose histograms arrived
     hosted = [c for c in host.clients if members[c.client_id]]
     predictions = host.predict("train", zero_shot, desc="pseudo-labelling clients", clients=hosted)
     probs = {k: logits.softmax(dim=-1) for k, (logits, _) in predictions.items()}
@@ -88,7 +89,6 @@ def refresh_pseudo_labels(
         like = torch.zeros(num_classes, dtype=torch.long, device="cpu")
         all_estimated = host.gather(estimated, like, what="pseudo-label histograms")  # the clients' only upload
         quotas = torch.zeros_like(all_estimated)  # the members' allocation among themselves; zeros for the others
-        answered = members if lost is None else members & ~lost
         if bool(answered.any()):
             quotas[answered] = labeller.allocate(all_estimated[answered], n_total, refresh_idx)
         for k in torch.nonzero(members & ~answered).flatten().tolist():  # its histogram lost: its own against the rest
@@ -114,9 +114,11 @@ def refresh_pseudo_labels(
     if quotas is None:
         all_estimated = quotas = selected
     if privacy is None or not privacy.releases_selected:  # (a labeller without class weights reads no counts)
-        heard = members if lost is None else members & ~lost  # (all lost: every member's own, as if none were)
-        heard = heard if bool(heard.any()) else members
-        weights = labeller.class_weights(quotas[heard], selected[heard]) if lost is not None else labeller.class_weights(quotas, selected)
+        if lost is None:
+            weights = labeller.class_weights(quotas, selected)
+        else:  # the histograms that arrived (all lost: every member's own, as if none were)
+            heard = answered if bool(answered.any()) else members
+            weights = labeller.class_weights(quotas[heard], selected[heard])
     else:  # from the noised sum of the selected counts alone
         sent = {c.client_id: privacy.histogram(torch.bincount(c.pseudo_labels.labels, minlength=num_classes), c.client_id,
                                                refresh_idx, streams.NOISE_SELECTED) for c in hosted}

@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedur.config import DIGEST, FILE_SETTINGS, file_digest, plugin_described
+from fedur.config import DIGEST, FILE_SETTINGS, FederationConfig, file_digest, plugin_described
 from fedur.errors import FedurError
 from fedur.train import checkpoint
 
@@ -186,11 +186,10 @@ ADDED_SETTINGS = {
     "optim.warmup_epochs": 0,
     "optim.warmup_lr": 1e-5,
     "privacy.mode": "none",
-    **{f"federation.{key}": value for key, value in {
-        "drop_rate": 0.0, "speeds": "equal", "speed_spread": 1.0, "bandwidth": None, "deadline": None,
-        "deadline_unit": "median", "late": "drop", "over_select": 0.0, "min_uploads": 1, "attackers": 0, "attack": "none",
-        "attack_scale": None, "aggregator": "mean", "trim": 0.2, "krum_malicious": None, "krum_keep": None,
-        "clip_norm": None}.items()},
+    **{f"federation.{key}": getattr(FederationConfig, key) for key in (  # clients that drop, lag, misbehave: their defaults
+        "drop_rate", "speeds", "speed_spread", "bandwidth", "deadline", "deadline_unit", "late", "over_select",
+        "min_uploads", "attackers", "attack", "attack_scale", "aggregator", "trim", "krum_malicious", "krum_keep",
+        "clip_norm")},
 }
 
 

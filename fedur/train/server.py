@@ -61,8 +61,7 @@ def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, 
             raise PluginError(f"{type(method).__name__}.upload of client {client.client_id} sent {sorted(upload)}; it must "
                              f"send one tensor per shared piece and message: {sorted(expected)}")
         check_tensors(client.extra, f"{type(method).__name__}.upload's client.extra")
-        round_idx = number - 1
-        local_uploads[client.client_id] = upload if rules is None else rules.poison(client.client_id, round_idx, upload, server.shared)
+        local_uploads[client.client_id] = upload if rules is None else rules.poison(client.client_id, number - 1, upload, server.shared)
     if privacy is not None:
         return private_exchange(host, server, weights, local_uploads, expected, round_of, privacy, drawn)
     uploads = {}  # {name: (K, *shape)}, or the (*shape) sum over the clients that took part for method.summed
@@ -77,7 +76,7 @@ def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, 
         current = {name: server.shared[name] for name in server.shared if name not in method.summed}
         uploads, weights, robust = rules.robust(uploads, weights, current)
     metrics = aggregate(host, server, uploads, weights, number, rounds)
-    return {**metrics, **{f"{rules.aggregator}/{k}": v for k, v in robust.items() if not isinstance(v, list)}}
+    return {**metrics, **{f"{rules.aggregator}/{k}": v for k, v in robust.items()}}
 
 
 def private_exchange(host: Host, server: ServerState, weights: Tensor, local_uploads: dict[int, dict[str, Tensor]],
