@@ -233,13 +233,19 @@ def _short(value: str) -> str:
 @contextlib.contextmanager
 def writing(path: str | Path):
     """Writes to `path` inside: an OSError that names no file (a full disk met by a file object's write, by
-    TensorBoard's writer) names `path`, so that the run's one-line error says which file could not be written."""
+    TensorBoard's writer) names `path`, so that the run's one-line error says which file could not be written; the
+    ValueError Lightning's TensorBoardLogger raises from a failed add_scalar is its OSError again."""
     try:
         yield
     except OSError as err:
         if err.filename:
             raise
         raise OSError(err.errno, err.strerror or str(err), str(path)) from err  # machine: a write that failed
+    except ValueError as err:  # Lightning's TensorBoardLogger.log_metrics wraps any add_scalar failure in a ValueError
+        cause = err.__cause__
+        if not isinstance(cause, OSError):
+            raise
+        raise OSError(cause.errno, cause.strerror or str(cause), cause.filename or str(path)) from cause  # machine: ditto
 
 
 def target(output_dir: str | None, resume: bool | str) -> str | None:
