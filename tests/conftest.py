@@ -156,7 +156,11 @@ SHARDS = 2  # the shared runs in as many processes as CI's workers (a third shar
 
 def pytest_collection_modifyitems(items):
     """The files that hold whole runs (a slow test) first, each in its order: under pytest-xdist (below) the longest
-    work starts first and the quick files fill the workers' ends."""
+    work starts first and the quick files fill the workers' ends. A test that uses the shared runs is slow."""
+    unmarked = [item.nodeid for item in items
+                if "tiny_runs" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("slow")]
+    if unmarked:  # the shared runs take half a minute: a fast-lane test that asks for them doubles the fast lane
+        raise pytest.UsageError(f"mark these tests slow (they use the shared runs, tiny_runs): {', '.join(unmarked)}")
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)  # stable: the collection's order within each part
 

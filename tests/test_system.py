@@ -120,6 +120,7 @@ def test_a_deadline_no_upload_can_meet_stops_before_round_one(run_main, tmp_path
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow  # the shared runs (tests/shared_runs.py): whole runs, not the fast lane
 def test_everything_off_is_the_default_and_changes_no_result(tiny_runs):
     """The shared FedUR case ran with every federation setting of this issue at its default: every asked client's
     upload taken, none lost, late or surplus, and the virtual clock counting local steps at 1 per second."""
