@@ -31,7 +31,7 @@ from .conftest import REPO, read_rounds
 
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
 
-BF16 = ["--fabric.precision", "bf16-mixed", "--run.progress", "false"]
+BF16 = ["--fabric.precision", "bf16-mixed", "--run.progress", "false", "--run.figures", "false"]  # figures: a fifth of a demo run
 DEMO = ["--config", "configs/smoke.yaml", *BF16]
 
 # every one of fedur's methods (found from the classes), for finiteness: each its demo run below, ZeroShot's too

@@ -25,6 +25,7 @@ from .conftest import REPO, assert_same_results, read_rounds, run_ok, run_ok_on_
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
 
 SMOKE = ["--config", "configs/smoke.yaml", "--run.progress", "false"]
+NO_FIGURES = ["--run.figures", "false"]  # figures are a fifth of a demo run; tests/test_report.py and others check them
 MEASURED = json.loads((REPO / "benchmarks" / "results" / "demo_learning.json").read_text())["variants"]
 # method key -> its flags on the demo: every method with rounds (zero-shot CLIP has none to learn in)
 METHODS = {cls.key: plugins.demo_flags(cls) for cls in plugins.builtin("method") if cls().rounds(1)}
@@ -52,6 +53,7 @@ def runs(tmp_path_factory) -> Path:
     run_ok([sys.executable, "fedur/main.py", *SMOKE, "--run.output_dir", str(root / "fedur-1")])
     readme = {"fedur": []}  # the README's 2-rank command: its flags only
     others = {name: flags for name, flags in METHODS.items() if name != "fedur"}
+    others = {name: [*flags, *NO_FIGURES] for name, flags in others.items()}  # the accuracies only: a fifth less time
     argv = [json.dumps([*SMOKE, *flags, "--run.output_dir", str(root / f"{name}-2")]) for name, flags in {**readme, **others}.items()]
     run_ok_on_a_free_port(lambda port: [fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(port),
                                          "tests/run_many.py", *argv], timeout=900)
