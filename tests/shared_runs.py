@@ -64,6 +64,14 @@ SPECIAL = {
     # an attacker sending Gaussian garbage from its own per-round stream, the trimmed mean's rows
     "fedcopl-attacked": ["--method", "FedCoPL", "--federation.attackers", "1", "--federation.attack", "gaussian",
                          "--federation.aggregator", "trimmed_mean", "--federation.trim", "0.25"],
+    # attackers (0 and 1) training on flipped pseudo-labels, multi-Krum's choice of rows, late uploads dropped at
+    # 1.2 x the median time (client 1, the slowest, is late; client 0 is taken)
+    "promptfl-flipped-krum": ["--method", "PromptFL", "--federation.attackers", "2", "--federation.attack", "label_flip",
+                              "--federation.aggregator", "multi_krum", "--federation.speeds", "lognormal",
+                              "--federation.deadline", "1.2", "--federation.late", "drop", "--federation.min_uploads", "1"],
+    # a boosted update clipped to the round's median update norm
+    "fedur-scaled-clipped": ["--federation.attackers", "1", "--federation.attack", "scale", "--federation.aggregator",
+                             "norm_clip"],
     # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
     "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",
                                "--evaluation.new_client_labels", "zero_shot", "--evaluation.new_client_epochs", "1"],

@@ -259,7 +259,8 @@ def test_resume_auto_starts_over_after_a_crash_before_the_first_commit(reference
 RESUMED = [*(name for name in method_cases() if "+" not in name and plugins.by_key("method")[name]().rounds(2) == 2),
            "promptprox-grip", "gdau-join", "scaffold-join", "adapter", "fedur-new-clients",
            "fedur-private-central", "scaffold-private-local",  # ZeroShot has no round; privacy: its ledger and clip
-           "fedur-stragglers", "fedcopl-attacked"]  # the virtual clock, lost uploads, an attacker's stream
+           "fedur-stragglers", "fedcopl-attacked",  # the virtual clock, lost uploads, an attacker's stream
+           "promptfl-flipped-krum", "fedur-scaled-clipped"]  # the other attacks' and aggregators' kinds
 
 
 @pytest.mark.parametrize("name", RESUMED)

@@ -1,8 +1,8 @@
 """Clients that drop, lag and misbehave, end to end on the tiny model (docs/system.md): the server sees exactly the
 uploads that arrived, per round in metrics.jsonl and TensorBoard, the accuracy against virtual time, a round with too
 few uploads keeping the global state, an attacker's flipped labels, and every impossible setting in one line before
-anything is loaded. (2 ranks = 1 and crash-and-resume: the shared cases fedur-stragglers and fedcopl-attacked in
-tests/shared_runs.py.)"""
+anything is loaded. (2 ranks = 1 and crash-and-resume: the shared cases fedur-stragglers, fedcopl-attacked,
+promptfl-flipped-krum and fedur-scaled-clipped in tests/shared_runs.py.)"""
 
 import json
 
