@@ -5,7 +5,9 @@
 
 Writes OUT/report.md (one row per run, then one table per run with its clients), OUT/accuracy_mean.png
 (the mean accuracy over clients per round, one line per run; round 0 is zero-shot CLIP) and
-OUT/accuracy_clients_<run>.png (every client of one run), and prints the Markdown and the files.
+OUT/accuracy_clients_<run>.png (every client of one run), OUT/accuracy_virtual_time.png (the mean accuracy against
+the virtual clock, one line per run, where a run's clients drop, lag or attack: docs/system.md), and prints the
+Markdown and the files.
 A run without summary.json (still running, or stopped) is reported from its metrics.jsonl, marked so.
 """
 
@@ -293,7 +295,24 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
             path = out / f"accuracy_protocols_{re.sub(r'[^A-Za-z0-9._-]+', '_', run.name)}.png"
             save(line_plot(protocols, f"{run.name}: the evaluation protocols (docs/protocols.md)", "round", "accuracy (%)"), path)
             files.append(path)
+    timed = virtual_time_series(runs)
+    if timed:
+        files.append(out / "accuracy_virtual_time.png")
+        save(line_plot(timed, "mean accuracy over clients against the virtual clock (0: zero-shot CLIP; docs/system.md)",
+                       "virtual seconds", "accuracy (%)", integer_x=False), files[-1])
     return files
+
+
+def virtual_time_series(runs: list[Run]) -> dict[str, tuple[list[float], list[float | None]]]:
+    """Each run's mean accuracy against its virtual clock (metrics.jsonl's `virtual_clock` after each round, 0 for
+    zero-shot CLIP), for comparing runs whose clients drop, lag or attack: {} unless one of them has such clients
+    (`client_answer_rows`). Runs without them are drawn too where their rounds have a clock (equal speeds: one step
+    a virtual second), so a run with a deadline is seen against the same run without."""
+    if not any(client_answer_rows(run) for run in runs):
+        return {}
+    return {run.name: ([0.0, *(r["virtual_clock"] for r in run.rounds)],
+                       [run.zero_shot.get("zero_shot_client_mean"), *(r["mean_accuracy"] for r in run.rounds)])
+            for run in runs if run.rounds and all("virtual_clock" in r for r in run.rounds)}
 
 
 def protocol_series(run: Run) -> dict[str, tuple[list[int], list[float | None]]]:

@@ -5,6 +5,7 @@ anything is loaded. (2 ranks = 1 and crash-and-resume: the shared cases fedur-st
 promptfl-flipped-krum and fedur-scaled-clipped in tests/shared_runs.py.)"""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,7 +133,7 @@ def test_everything_off_is_the_default_and_changes_no_result(tiny_runs):
     assert "system" not in json.loads((tiny_runs / "fedur" / "summary.json").read_text())
 
 
-def test_fedur_report_prints_who_answered_each_round(lagging, tmp_path):
+def test_fedur_report_prints_who_answered_each_round_and_draws_accuracy_against_virtual_time(lagging, tmp_path):
     from fedur.report import main as report
 
     report([str(lagging), "--out", str(tmp_path / "report")])
@@ -145,3 +146,20 @@ def test_fedur_report_prints_who_answered_each_round(lagging, tmp_path):
     for line, r in zip(rows, rounds):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[:6] == [str(r["round"]), *(str(len(r[k])) for k in ("asked", "answered", "dropped", "late", "accepted"))]
+    assert "![accuracy_virtual_time](accuracy_virtual_time.png)" in text
+    assert (tmp_path / "report" / "accuracy_virtual_time.png").stat().st_size > 0
+
+
+def test_the_reports_virtual_time_lines_are_each_runs_clock_and_mean_accuracy():
+    from fedur.report import Run, virtual_time_series
+
+    def run(name, lost, clocks, accs):
+        rows = [{"round": i + 1, "asked": [0, 1], "answered": [0, 1], "dropped": [1] if lost else [], "late": [],
+                 "accepted": [0] if lost else [0, 1], "virtual_clock": c, "mean_accuracy": a}
+                for i, (c, a) in enumerate(zip(clocks, accs))]
+        return Run(Path(name), name, rows, {}, None, zero_shot={"zero_shot_client_mean": 50.0})
+
+    lossy, whole = run("lossy", True, [2.0, 5.5], [60.0, 65.0]), run("whole", False, [3.0, 6.0], [61.0, 66.0])
+    assert virtual_time_series([whole]) == {}  # every client answered: the table and the figure are left out
+    assert virtual_time_series([lossy, whole]) == {"lossy": ([0.0, 2.0, 5.5], [50.0, 60.0, 65.0]),
+                                                   "whole": ([0.0, 3.0, 6.0], [50.0, 61.0, 66.0])}
