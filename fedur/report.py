@@ -217,10 +217,16 @@ def privacy_rows(run: Run) -> list[list[str]]:
     return rows
 
 
+def clients_misbehave(run: Run) -> bool:
+    """Whether the run's clients drop, lag or attack (summary.json's "system", or a round with uploads lost, late or
+    surplus, for a run still going)."""
+    return "system" in (run.summary or {}) or any(r.get("dropped") or r.get("late") or r.get("surplus") for r in run.rounds)
+
+
 def client_answer_rows(run: Run) -> list[list[str]]:
-    """Clients that drop, lag or attack (summary.json's "system"): per round how many were asked, answered, lost, late
-    and taken, and the virtual time; [] for a run where every asked client answered on time."""
-    if "system" not in (run.summary or {}) and not any(r.get("dropped") or r.get("late") or r.get("surplus") for r in run.rounds):
+    """Clients that drop, lag or attack: per round how many were asked, answered, lost, late and taken, and the
+    virtual time; [] for a run where every asked client answered on time (`clients_misbehave`)."""
+    if not clients_misbehave(run):
         return []
     return [[str(r["round"]), *(str(len(r.get(key) or [])) for key in ("asked", "answered", "dropped", "late", "accepted")),
              "kept" if r.get("kept_global") else "", f"{r.get('virtual_seconds', 0):.4g}", f"{r.get('virtual_clock', 0):.4g}",
@@ -306,9 +312,9 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
 def virtual_time_series(runs: list[Run]) -> dict[str, tuple[list[float], list[float | None]]]:
     """Each run's mean accuracy against its virtual clock (metrics.jsonl's `virtual_clock` after each round, 0 for
     zero-shot CLIP), for comparing runs whose clients drop, lag or attack: {} unless one of them has such clients
-    (`client_answer_rows`). Runs without them are drawn too where their rounds have a clock (equal speeds: one step
+    (`clients_misbehave`). Runs without them are drawn too where their rounds have a clock (equal speeds: one step
     a virtual second), so a run with a deadline is seen against the same run without."""
-    if not any(client_answer_rows(run) for run in runs):
+    if not any(clients_misbehave(run) for run in runs):
         return {}
     return {run.name: ([0.0, *(r["virtual_clock"] for r in run.rounds)],
                        [run.zero_shot.get("zero_shot_client_mean"), *(r["mean_accuracy"] for r in run.rounds)])
