@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from fedur.cross_dataset import cross_dataset
+from fedur.app.cross_dataset import cross_dataset
 
 TARGETS = {
     "sketch": ["--dataset", "SyntheticDomains", "--dataset.domains", "[sketch]", "--dataset.test_per_class", "20"],

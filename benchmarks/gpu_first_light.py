@@ -15,7 +15,7 @@ minutes on 2 cores):
 `--wheels DIR` first installs DIR/*.whl into --site (/tmp/site) with `pip install --no-index --no-deps
 --target`, and every process started here gets `PYTHONPATH=<site>:<repository root>` (fedur is used from the
 checkout, not installed). Then the imports are checked (torch with CUDA, lightning, open_clip, jsonargparse
-with signatures support, fedur, fedur.cli parsing configs/smoke.yaml, fedur.plugins naming the methods); a
+with signatures support, fedur, fedur.app.cli parsing configs/smoke.yaml, fedur.plugins naming the methods); a
 missing one stops the script with a FAIL line. `--check-imports-only` stops there.
 
 Steps (every fedur run is `python3 fedur/main.py --config configs/smoke.yaml ...` in a subprocess with a
@@ -37,7 +37,7 @@ timeout; what is checked is read from the metrics.jsonl, summary.json and prompt
                      phase's images per second, beside an 8192^3 bf16 matmul rate measured here; the evaluate
                      phase with the global model on against off (round_cost.py runs both)
   memory             peak GPU memory (torch.cuda.max_memory_allocated, fedur run in-process in a child process
-                     through fedur.cli.parse_config + fedur.run.run) with 10 and 100 clients
+                     through fedur.app.cli.parse_config + fedur.app.run.run) with 10 and 100 clients
 
 The first six run side by side (--jobs fedur processes at once); round-cost and memory run alone afterwards.
 Each step has its own time budget, the whole a global one (--budget); one failing step never stops the
@@ -380,7 +380,7 @@ def step_imports(ctx: Context, step: Step) -> str:
     installed = f"{len(step.figures['wheels'])} wheels into {args.site}, then " if args.wheels else ""
     note = f"; note, unmet: {'; '.join(facts['unmet_requirements'])}" if facts["unmet_requirements"] else ""
     return (f"{installed}torch {facts['torch']} on {facts['device_name']}, lightning {facts['lightning']}, "
-            f"open_clip {facts['open_clip']}, jsonargparse {facts['jsonargparse']} (signatures), fedur.cli parses "
+            f"open_clip {facts['open_clip']}, jsonargparse {facts['jsonargparse']} (signatures), fedur.app.cli parses "
             f"configs/smoke.yaml, {len(facts['methods'])} methods{note}")
 
 
@@ -627,11 +627,11 @@ def child_imports(argv: list[str]) -> dict:
                 missing.append(f"jsonargparse signatures support ({flag} is False)")
     if "fedur.main" in facts:
         try:
-            from fedur.cli import parse_config
+            from fedur.app.cli import parse_config
 
             parse_config(["--config", "configs/smoke.yaml"])
         except Exception as err:
-            missing.append(f"fedur.cli.parse_config(configs/smoke.yaml) ({type(err).__name__}: {err})")
+            missing.append(f"fedur.app.cli.parse_config(configs/smoke.yaml) ({type(err).__name__}: {err})")
         try:  # what the methods step runs: every one of fedur's methods, and the rounds each has of 2
             from fedur import plugins
 
@@ -695,12 +695,12 @@ def child_matmul(argv: list[str]) -> dict:
 
 
 def child_memory(argv: list[str]) -> dict:
-    """fedur in this process (fedur.cli.parse_config + fedur.run.run, as tests/train/test_fit.py does), then its
+    """fedur in this process (fedur.app.cli.parse_config + fedur.app.run.run, as tests/train/test_fit.py does), then its
     peak memory: torch.cuda.max_memory_allocated on CUDA, the process's peak RSS on CPU."""
     import torch
 
-    from fedur.cli import parse_config
-    from fedur.run import run
+    from fedur.app.cli import parse_config
+    from fedur.app.run import run
 
     cfg = parse_config(argv)
     cuda = cfg.fabric.accelerator == "cuda"

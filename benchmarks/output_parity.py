@@ -93,7 +93,17 @@ def cases() -> dict[str, list[str]]:
     out.update({f"smoke-{m.__name__.lower()}": [*smoke, "--method", m.__name__] for m in methods})
     out["smoke-fedur-g2"] = [*smoke, "--run.clients_per_step", "2", "--method", "FedUR"]
     out["smoke-fedur-workers2"] = [*smoke, "--data.num_workers", "2", "--method", "FedUR"]  # its order changed on purpose
+    out.update(shared_cases())
     return out
+
+
+def shared_cases() -> dict[str, list[str]]:
+    """The cases the test files share (tests/shared_runs.py: one mechanism each, privacy, clients that drop, lag and
+    attack), as the tests run them: "shared-<name>"."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.shared_runs import SHARED, SPECIAL
+
+    return {f"shared-{name}": [*SHARED, *args] for name, args in SPECIAL.items()}
 
 
 # ---------------------------------------------------------------- the pre-plugin command line

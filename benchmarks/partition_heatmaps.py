@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.learning_check import extract  # noqa: E402
-from fedur.cli import parse_config  # noqa: E402
-from fedur.run import run  # noqa: E402
+from fedur.app.cli import parse_config  # noqa: E402
+from fedur.app.run import run  # noqa: E402
 
 SETTINGS = {"dirichlet-beta0.1": ["--federation.partition", "dirichlet", "--federation.beta", "0.1"],
             "quantity": ["--federation.partition", "quantity"]}

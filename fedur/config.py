@@ -387,11 +387,11 @@ class FabricConfig:
 
 @dataclass
 class Config:
-    """A run's settings: the groups above, and the three plugins (fedur/cli.py adds them to the parser).
+    """A run's settings: the groups above, and the three plugins (fedur/app/cli.py adds them to the parser).
 
     The typed objects are the one source: `settings` (what summary.json, the checkpoints' markers and a resume's
     comparison read) and `yaml` (config.yaml) are derived from them when asked, so a value settled after parsing
-    (fedur/settle.py: federation.num_clients, fabric.precision) is in both."""
+    (fedur/app/settle.py: federation.num_clients, fabric.precision) is in both."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -186,7 +186,7 @@ class MainResult(NamedTuple):
 @pytest.fixture
 def run_main(capsys, monkeypatch):
     """The entry point in-process: `fedur/main.py ARGS` -> (exit code, stdout, stderr)."""
-    from fedur.main import main
+    from fedur.app.main import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 

@@ -11,8 +11,8 @@ import sys
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fedur.cli import build_parser  # noqa: E402
-from fedur.main import main  # noqa: E402
+from fedur.app.cli import build_parser  # noqa: E402
+from fedur.app.main import main  # noqa: E402
 
 if __name__ == "__main__":
     parser = build_parser(docs=False)  # one for every run: building it is a third of a second

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedur.attack import main as attack_main
-from fedur.attack_histograms import histogram_attack, server_estimate, shares, total_variation
-from fedur.attack_membership import attack_scores, balanced, mean_rows, roc_auc, tpr_at_fpr
+from fedur.app.attack import main as attack_main
+from fedur.privacy.histogram_attack import histogram_attack, server_estimate, shares, total_variation
+from fedur.privacy.membership_attack import attack_scores, balanced, mean_rows, roc_auc, tpr_at_fpr
 
 
 def test_auc_counts_each_member_above_a_non_member_and_a_tie_half():
@@ -129,8 +129,8 @@ def test_the_histogram_attack_against_the_true_shares_and_the_guesses_without_a_
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    from fedur.cli import parse_config
-    from fedur.run import run
+    from fedur.app.cli import parse_config
+    from fedur.app.run import run
 
     run_dir = tmp_path_factory.mktemp("attack") / "run"
     run(parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--run.progress", "false",

@@ -46,8 +46,8 @@ def exit_code(main, *args) -> int:
 
 def fedur_run(out: Path, *flags: str) -> Path:
     """A finished fedur run, in this process: configs/tiny.yaml at its smallest (2 clients, 1 round)."""
-    from fedur.cli import parse_config
-    from fedur.run import run
+    from fedur.app.cli import parse_config
+    from fedur.app.run import run
 
     run(parse_config(["--config", str(REPO / "configs" / "tiny.yaml"), "--federation.num_clients", "2",
                       "--federation.rounds", "1", "--federation.local_epochs", "1", "--dataset.train_per_class", "8",
@@ -241,7 +241,7 @@ def test_ot_syncs_runs_and_leaves_fedotp_as_it_found_it(tmp_path):
 
 
 def test_many_clients_flags_are_ones_fedur_takes(tmp_path):
-    from fedur.cli import parse_config
+    from fedur.app.cli import parse_config
 
     cfg = parse_config([*benchmark("many_clients").settings(REPO, 10, 2, 2, False), "--run.output_dir", str(tmp_path)])
     assert cfg.federation.num_clients == 10 and cfg.run.clients_per_step == 2

@@ -4,11 +4,11 @@ import time
 import numpy as np
 import pytest
 
-from fedur.cli import parse_config
+from fedur.app.cli import parse_config
+from fedur.app.settle import settle
 from fedur.config import GROUPS
 from fedur.errors import CommandLineError, ConfigError
 from fedur.launch_env import LaunchEnv
-from fedur.settle import settle
 
 
 def test_help_documents_every_option(run_main):
@@ -150,7 +150,7 @@ def snapshot(root) -> dict:
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     """A one-round smoke run with its committed checkpoint."""
-    from fedur.run import run
+    from fedur.app.run import run
 
     run_dir = tmp_path_factory.mktemp("finished") / "run"
     cfg = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--run.output_dir", str(run_dir)])
@@ -207,7 +207,7 @@ def bad_input_case(case: str, tmp_path, finished_run):
             f"model.pretrained={weights} does not fit model.name=ViT-B-32: "
         )
     if case == "client folder grew":  # a client's own folder gained an image since the run: its split differs
-        from fedur.run import run
+        from fedur.app.run import run
 
         from .own_data import write_client_folders, write_images
 
@@ -321,7 +321,7 @@ def test_a_method_named_on_the_command_line_keeps_its_own_defaults():
     """jsonargparse carries the default method's arguments over to the one a command names; fedur parses again so
     that what is not given is the named method's own (SCAFFOLD's uniform weighting, Algorithm 1's mean), while what is
     given, before or after the name, stays."""
-    from fedur.cli import parse_config
+    from fedur.app.cli import parse_config
 
     smoke = ["--config", "configs/smoke.yaml"]
     assert parse_config([*smoke, "--method", "SCAFFOLD"]).method.weighting == "uniform"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedur.cli import build_parser, parse_config
+from fedur.app.cli import build_parser, parse_config
 from fedur.data.datasets import dataset_classes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_the_later_baselines_demo_presets_keep_their_published_weighting_and_opt
     original keeps each client's SGD across rounds (FedTPG), optim.optimizer_state client. The paper's baselines keep
     FedUR's weighting on the demo, as the paper runs them (docs/reference-parity.md)."""
     from fedur import plugins
-    from fedur.tables import grids
+    from fedur.app.tables import grids
 
     checked = 0
     for key in grids.NEW_BASELINES:

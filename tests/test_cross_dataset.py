@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from fedur.cli import parse_config
-from fedur.cross_dataset import main as cross_dataset_main
-from fedur.run import run
+from fedur.app.cli import parse_config
+from fedur.app.cross_dataset import main as cross_dataset_main
+from fedur.app.run import run
 
 pytestmark = pytest.mark.slow  # a whole fedur run
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedur import plugins
-from fedur.cli import parse_config
+from fedur.app.cli import parse_config
 from fedur.config import FabricConfig
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import CollectiveError, Collectives, DeviceMemoryError

@@ -74,7 +74,7 @@ def test_tensorboard_holds_every_documented_tag(runs):
 
 
 def _no_hidden_sync_worker(fabric, config_args, run_dir):
-    from fedur.cli import parse_config
+    from fedur.app.cli import parse_config
     from fedur.federated.collectives import Collectives
     from fedur.model.clip import load_clip
     from fedur.train.fit import fit
@@ -111,8 +111,8 @@ def test_no_hidden_sync_across_ranks(tmp_path):
 def test_more_ranks_than_clients_spare_ranks_join_every_exchange(tmp_path):
     """One client on 2 ranks (as CUB's 5 clients on 8 GPUs): rank 1 hosts none, takes part in every
     collective, and the run equals the same run on 1 rank."""
-    from fedur.cli import parse_config
-    from fedur.run import run
+    from fedur.app.cli import parse_config
+    from fedur.app.run import run
 
     args = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federation.num_clients", "1"]
     fabric = str(Path(sys.executable).parent / "fabric")

@@ -44,8 +44,8 @@ def listed(folder: Path, per_class: int = 6) -> Path:
 
 @pytest.mark.slow  # a whole (tiny) run
 def test_a_dataset_listed_in_a_csv_file_runs(tmp_path):
-    from fedur.cli import parse_config
-    from fedur.run import run
+    from fedur.app.cli import parse_config
+    from fedur.app.run import run
 
     listing = listed(tmp_path / "data")
     run_dir = tmp_path / "run"

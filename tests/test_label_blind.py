@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedur.main import main
+from fedur.app.main import main
 
 from .conftest import read_rounds
 from .own_data import ScrambledSynthetic
@@ -83,8 +83,8 @@ def test_scrambled_train_labels_change_nothing_but_the_monitoring(runs, name):
 def test_the_rank_holds_no_train_label(tmp_path):
     """The structural half: after the split, the train split a rank trains from carries no labels, and what the
     rank predicts on its train images comes with none (-1); the true labels stay with the monitoring."""
-    from fedur.cli import parse_config
-    from fedur.run import run
+    from fedur.app.cli import parse_config
+    from fedur.app.run import run
     from fedur.train.host import UNLABELLED
 
     cfg = parse_config([*SHARED, "--federation.rounds", "1", "--run.output_dir", str(tmp_path / "run")])

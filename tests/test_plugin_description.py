@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from fedur.cli import MESSAGES, legacy_keys, parse_config
+from fedur.app.cli import MESSAGES, legacy_keys, parse_config
 from fedur.config import result_settings
 from fedur.errors import CommandLineError
 from fedur.train.run_dir import changed_settings
@@ -23,10 +23,10 @@ CAPPED = "tests.plugins.described.Capped"
 
 
 def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
+    from fedur.app.tables import grids
     from fedur.data.datasets import dataset_classes
     from fedur.labels import CPL, FPL, CoDPL, CoPL, Labeller
     from fedur.methods import PFedPrompt
-    from fedur.tables import grids
 
     assert [c.label for c in (FPL, CPL, CoPL, CoDPL)] == ["FPL", "CPL", "CoPL", "CoDPL"]
     assert CoPL.added_settings == CoDPL.added_settings == {"quota_arithmetic": "exact"} and FPL.added_settings == {}
@@ -116,9 +116,9 @@ def test_a_plugin_says_which_settings_change_results_and_what_old_runs_ran_with(
 
 
 def test_a_plugin_method_shows_its_label_and_runs_its_preset_in_a_grid(tmp_path):
-    from fedur.tables.grids import GRIDS, expand, method_row, with_protocol
-    from fedur.tables.render import collect, markdown
-    from fedur.tables.runner import Inputs, command
+    from fedur.app.tables.grids import GRIDS, expand, method_row, with_protocol
+    from fedur.app.tables.render import collect, markdown
+    from fedur.app.tables.runner import Inputs, command
     from tests.plugins.described import Capped, Careful
 
     row = method_row(Capped, Careful)
@@ -208,7 +208,7 @@ def test_the_refusal_and_the_help_through_the_real_entry_point():
 def test_a_plugin_resumes_across_its_result_neutral_and_added_settings(tmp_path):
     """A checkpoint made before Careful had `margin` (its marker lacks it) resumes with margin 0.0 and a changed
     `report`; margin 0.1 is a change of results, refused."""
-    from fedur.run import run
+    from fedur.app.run import run
     from fedur.train import checkpoint
     from fedur.train.run_dir import RunDirError
 

@@ -4,8 +4,8 @@ columns reading one run (Column.runs: run once, shown many times), and a table t
 import json
 from pathlib import Path
 
-from fedur.tables import cli
-from fedur.tables.grids import ACCURACIES, GRIDS, expand
+from fedur.app.tables import cli
+from fedur.app.tables.grids import ACCURACIES, GRIDS, expand
 
 
 def write_summary(run_dir: Path, **values) -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fedur.app.report import main
 from fedur.plots import heatmap, line_plot, save
-from fedur.report import main
 
 from .conftest import REPO
 
@@ -77,7 +77,7 @@ def test_report_of_a_finished_and_a_running_run(tmp_path, capsys):
 
 
 def test_report_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
-    """In this process (`python -m fedur.report` itself: test_report_of_real_runs_written_by_fedur): exit status 2."""
+    """In this process (`python -m fedur.app.report` itself: test_report_of_real_runs_written_by_fedur): exit status 2."""
     (tmp_path / "prompts").mkdir()
     with pytest.raises(SystemExit) as exit:
         main([str(tmp_path / "prompts"), "--out", str(tmp_path / "out")])
@@ -131,16 +131,16 @@ def test_line_plot_of_no_or_one_point(tmp_path):
 @pytest.mark.slow
 def test_report_of_real_runs_written_by_fedur(tmp_path):
     """Two smoke runs written by fedur itself (so the report follows the run format), reported through
-    `python -m fedur.report`, the module the `fedur-report` console script runs."""
-    from fedur.cli import parse_config
-    from fedur.run import run
+    `python -m fedur.app.report`, the module the `fedur-report` console script runs."""
+    from fedur.app.cli import parse_config
+    from fedur.app.run import run
 
     for name, extra in (("fedur", []), ("fedcopl", ["--method", "FedCoPL"])):
         cfg = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "2",
                                          "--run.output_dir", str(tmp_path / name), *extra])
         run(cfg)
     out = tmp_path / "report"
-    result = subprocess.run([sys.executable, "-m", "fedur.report", str(tmp_path / "fedur"), str(tmp_path / "fedcopl"),
+    result = subprocess.run([sys.executable, "-m", "fedur.app.report", str(tmp_path / "fedur"), str(tmp_path / "fedcopl"),
                              "--out", str(out)], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     markdown = (out / "report.md").read_text()

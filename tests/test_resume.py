@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fedur import plugins
-from fedur.cli import parse_config
-from fedur.run import run
+from fedur.app.cli import parse_config
+from fedur.app.run import run
 from fedur.train import checkpoint
 from fedur.train.faults import ENV as FAULT_ENV
 from fedur.train.faults import InjectedFault
@@ -336,7 +336,7 @@ def as_written_before_rounds_counted_from_1(run_dir: Path) -> None:
 
 
 def test_a_run_from_before_rounds_counted_from_1_is_read_and_resumed_in_its_own_numbering(tmp_path):
-    from fedur.report import load_run
+    from fedur.app.report import load_run
 
     old, new = tmp_path / "old", tmp_path / "new"
     run_in_process(old, "--federation.rounds", "2")

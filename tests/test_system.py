@@ -25,7 +25,7 @@ LAGGING = ["--federation.drop_rate", "0.3", "--federation.speeds", "lognormal", 
 @pytest.fixture(scope="module")
 def lagging(tmp_path_factory):
     """A Witness run with lost uploads, lognormal speeds and a deadline taking partial work, figures on."""
-    from fedur.main import main
+    from fedur.app.main import main
 
     run_dir = tmp_path_factory.mktemp("system") / "run"
     main([*TINY, *WITNESS, *LAGGING, "--run.figures", "true", "--run.output_dir", str(run_dir)])
@@ -134,7 +134,7 @@ def test_everything_off_is_the_default_and_changes_no_result(tiny_runs):
 
 
 def test_fedur_report_prints_who_answered_each_round_and_draws_accuracy_against_virtual_time(lagging, tmp_path):
-    from fedur.report import main as report
+    from fedur.app.report import main as report
 
     report([str(lagging), "--out", str(tmp_path / "report")])
     text = (tmp_path / "report" / "report.md").read_text()
@@ -151,7 +151,7 @@ def test_fedur_report_prints_who_answered_each_round_and_draws_accuracy_against_
 
 
 def test_the_reports_virtual_time_lines_are_each_runs_clock_and_mean_accuracy():
-    from fedur.report import Run, virtual_time_series
+    from fedur.app.report import Run, virtual_time_series
 
     def run(name, lost, clocks, accs):
         rows = [{"round": i + 1, "asked": [0, 1], "answered": [0, 1], "dropped": [1] if lost else [], "late": [],

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from fedur.app.tables import cli
+from fedur.app.tables.grids import GRIDS, config_path, expand, preset_config
+from fedur.app.tables.paper import DATASETS_T1, PAPER, PAPER_AVERAGE, TABLE7_GAINS
+from fedur.app.tables.runner import Inputs, command
 from fedur.config import GROUPS, PLUGINS
-from fedur.tables import cli
-from fedur.tables.grids import GRIDS, config_path, expand, preset_config
-from fedur.tables.paper import DATASETS_T1, PAPER, PAPER_AVERAGE, TABLE7_GAINS
-from fedur.tables.runner import Inputs, command
 
 from .conftest import REPO
 
@@ -30,7 +30,7 @@ def read_csv(path: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_tiny_grid_runs_skips_and_resumes(tmp_path, capsys):
-    out = tmp_path / "tables"  # in this process (`python -m fedur.tables.cli`: the installed wheel's test below)
+    out = tmp_path / "tables"  # in this process (`python -m fedur.app.tables.cli`: the installed wheel's test below)
     code = cli.main(["tiny", "--out", str(out), "--seeds", "1,2", "--jobs", "2"])
     printed = capsys.readouterr()
     assert code == 0, printed.out[-4000:] + printed.err[-2000:]
@@ -160,7 +160,7 @@ def test_the_table_lists_flags_given_after_the_double_dash(tmp_path, capsys):
 def test_finished_runs_with_other_settings_are_refused(tmp_path, capsys):
     """A call whose settings differ from a finished run's (as its last checkpoint recorded them) would leave that
     run as it is and mix two settings in one table: refused. Launch settings (threads) do not count."""
-    from fedur.cli import parse_config
+    from fedur.app.cli import parse_config
     from fedur.config import result_settings
     from fedur.train.checkpoint import MARKER, Marker, round_folder
 
@@ -205,7 +205,7 @@ def test_slurm_array_script(tmp_path, capsys):
     assert "#SBATCH --partition=gpu\n" in script and "#SBATCH --gres=gpu:1\n" in script
     assert f"#SBATCH --output={out}/table6/slurm/%A_%a.out" in script
     task = script.strip().splitlines()[-1]
-    assert task.startswith(f"{sys.executable} -m fedur.tables.cli table6 --task \"$SLURM_ARRAY_TASK_ID\" --seeds 1,2,3 --out {out}")
+    assert task.startswith(f"{sys.executable} -m fedur.app.tables.cli table6 --task \"$SLURM_ARRAY_TASK_ID\" --seeds 1,2,3 --out {out}")
     assert f"--data-root {data}" in task and "--launcher 'srun --kill-on-bad-exit=1'" in task
     assert task.endswith('-- --optim.lr 0.05 --run.threads "${SLURM_CPUS_PER_TASK:-1}" --fabric.num_nodes "$SLURM_NNODES" '
                          '--fabric.devices "$SLURM_NTASKS_PER_NODE"')
@@ -248,7 +248,7 @@ def check_flag(flag: str, value: str) -> None:
 
 
 def test_grids_resolve_to_configs_and_real_settings():
-    from fedur.cli import build_parser
+    from fedur.app.cli import build_parser
 
     parser = build_parser()
     for grid in GRIDS.values():
@@ -318,13 +318,13 @@ def test_fedur_tables_works_from_an_installed_wheel(tmp_path):
     (Path(site) / "deps.pth").write_text("\n".join(deps) + "\n")
     away = tmp_path / "elsewhere"
     away.mkdir()
-    run = subprocess.run([str(python), "-m", "fedur.tables.cli", "table1", "--dry-run", "--seeds", "1", "--rows", "fedur",
+    run = subprocess.run([str(python), "-m", "fedur.app.tables.cli", "table1", "--dry-run", "--seeds", "1", "--rows", "fedur",
                           "--columns", "cub-beta0.1", "--data-root", "/data", "--out", str(away / "tables")],
                          cwd=away, capture_output=True, text=True, timeout=300, env={"PATH": os.environ["PATH"]})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     config = str(Path(site) / "fedur" / "configs" / "paper" / "table1" / "cub-beta0.1.yaml")
     assert f"--config {config}" in run.stdout and str(REPO) not in run.stdout
-    proxy = subprocess.run([str(python), "-m", "fedur.tables.cli", "proxy-table1", "--seeds", "1", "--data-root", "/data",
+    proxy = subprocess.run([str(python), "-m", "fedur.app.tables.cli", "proxy-table1", "--seeds", "1", "--data-root", "/data",
                             "--out", str(away / "tables")], cwd=away, capture_output=True, text=True, timeout=300,
                            env={"PATH": os.environ["PATH"]})
     assert proxy.returncode == 2 and "--model-dir DIR or $FEDUR_TINY_CLIP" in proxy.stderr
@@ -334,8 +334,8 @@ def test_figures_from_hand_written_runs(tmp_path, capsys):
     """fedur-tables writes Figure 3 (accuracy against K and the joining rate, a band over the seeds), Figure 2 (the
     prompt divergence per round, visual and text) and a bar chart per table section, as PNG and PDF; the lines
     are the cells' numbers."""
-    from fedur.tables.figures import divergence_series, figure3_series
-    from fedur.tables.render import collect
+    from fedur.app.tables.figures import divergence_series, figure3_series
+    from fedur.app.tables.render import collect
 
     out = tmp_path / "tables"
     grid = GRIDS["figure3"]
@@ -379,8 +379,8 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
     """table7-own: the same rows and columns as table7, in a folder of their own, each baseline with its published
     settings (configs/presets/) over the column's config and under the row's method; rows without a preset
     (FedUR, FedCoPL, zero-shot) as in the paper's protocol. The table says which protocol it shows."""
-    from fedur.cli import parse_config
-    from fedur.tables.grids import PRESETS, with_protocol
+    from fedur.app.cli import parse_config
+    from fedur.app.tables.grids import PRESETS, with_protocol
 
     own, paper = GRIDS["table7-own"], GRIDS["table7"]
     assert (own.rows, own.columns, own.protocol, paper.protocol) == (paper.rows, paper.columns, "own", "fedur")
@@ -433,8 +433,8 @@ def test_the_demo_grids_have_the_later_baselines_with_their_demo_presets(tmp_pat
     labeller), after the paper's baselines; under the 'own' protocol each with a published preset runs with its demo
     preset on the demo (configs/presets/demo/, the learning rate benchmarks/results/demo_lr_sweep.md chose) and its
     published one on the proxy."""
-    from fedur.cli import parse_config
-    from fedur.tables.grids import NEW_BASELINES
+    from fedur.app.cli import parse_config
+    from fedur.app.tables.grids import NEW_BASELINES
 
     assert set(NEW_BASELINES) >= {"fedpgp", "fedtpg", "promptfolio", "scaffold"}
     later = {"fedpgp": ("FedPGP", 0.002), "fedtpg": ("FedTPG", 0.01), "promptfolio": ("PromptFolio", 0.01)}  # demo lr
@@ -458,7 +458,7 @@ def test_the_demo_grids_have_the_later_baselines_with_their_demo_presets(tmp_pat
 
 
 def test_the_worst_client_ignores_clients_without_test_images(tmp_path):
-    from fedur.tables.render import collect
+    from fedur.app.tables.render import collect
 
     grid = GRIDS["tiny"]
     spec = expand(grid, [1], tmp_path)[0]

@@ -92,7 +92,7 @@ class Dataset:
         "data.name": "--dataset CLASS ({names})",
         "data.root": "--dataset.root",
     }
-    """Keys of fedur before datasets were classes, and what replaces them (fedur/cli.py names them in its errors;
+    """Keys of fedur before datasets were classes, and what replaces them (fedur/app/cli.py names them in its errors;
     "{names}": fedur's dataset class names)."""
 
     def __init_subclass__(cls, **kwargs) -> None:

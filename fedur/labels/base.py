@@ -48,7 +48,7 @@ class Labeller(ABC):
     added_settings: ClassVar[dict[str, Any]] = {}
     # Constructor arguments that do not change what a run computes: a resume may change them freely.
     result_neutral: ClassVar[tuple[str, ...]] = ()
-    # Keys of fedur before labellers were classes, and what replaces them (fedur/cli.py names them in its errors;
+    # Keys of fedur before labellers were classes, and what replaces them (fedur/app/cli.py names them in its errors;
     # "{names}": fedur's labeller class names).
     old_keys: ClassVar[dict[str, str]] = {
         "method.labeller": "--labeller CLASS ({names})",

@@ -261,7 +261,7 @@ class Method(ClientSide, ServerSide):
 
     key: ClassVar[str] = ""  # the short name runs and tables record ("fedur"); default: the class name, lowercased
     trains: ClassVar[bool] = True  # local SGD on pseudo-labels; False: training-free (no labeller, no tuner)
-    # How the method describes itself to tables, configs and resumes (read by fedur/tables and fedur/train/run_dir.py):
+    # How the method describes itself to tables, configs and resumes (read by fedur/app/tables and fedur/train/run_dir.py):
     label: ClassVar[str] = ""  # its name in tables and figures ("pFedPrompt"); default: the class name
     preset: ClassVar[str | None] = None  # configs/presets/<preset>.yaml: its published settings (the 'own' protocol)
     # Constructor arguments added after runs were made, with the value such runs ran with: they resume and stay in

@@ -53,7 +53,7 @@ def load_clip(
 
     With `pretrained=None` the weights are a random init drawn from torch's global RNG: seed it first.
     """
-    weights = check_model(name, pretrained, config_file, cache_dir, weights=False)  # fedur.settle checked them
+    weights = check_model(name, pretrained, config_file, cache_dir, weights=False)  # fedur.app.settle checked them
     try:
         with _quiet_if(weights is None):  # open_clip warns about the random init we asked for
             model, _, preprocess = open_clip.create_model_and_transforms(

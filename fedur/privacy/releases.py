@@ -226,7 +226,7 @@ def _finite(value: float) -> float | None:
 class Federation:
     """What privacy's settings are read against: the federation's N clients (new clients held out not counted), the
     join rate, the noise's secret seed, its rounds and refresh period (what privacy.noise_multiplier calibrate calibrates for),
-    and the clients' train images (None: before the data is read, fedur/settle.py's check: a histogram bound of 1)."""
+    and the clients' train images (None: before the data is read, fedur/app/settle.py's check: a histogram bound of 1)."""
 
     clients: int
     join_rate: float

@@ -61,7 +61,7 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     """Run (or continue, from `resume`) the federated rounds; `stop` ends the run after a round's commit.
     `settings`: the result-affecting settings every commit records (default: config.result_settings, read now).
     `checked`: called once every check has passed, before the run directory changes (a refused resume leaves it
-    as it was: fedur/run.py keeps its claim on the directory from then on). `startup`: the process's clock
+    as it was: fedur/app/run.py keeps its claim on the directory from then on). `startup`: the process's clock
     (summary.json's startup_seconds; None: from now)."""
     settings = result_settings(cfg.settings) if settings is None else settings
     startup = startup or Startup(time.time())

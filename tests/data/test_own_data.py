@@ -6,15 +6,15 @@ import json
 import numpy as np
 import pytest
 
-from fedur.cli import parse_config
+from fedur.app.cli import parse_config
+from fedur.app.main import main
+from fedur.app.settle import settle_num_clients
 from fedur.data.clients import ClientFolders
 from fedur.data.datasets import DataOptions, DataUnavailableError, prepare_dataset
 from fedur.data.images import ImageSplit
 from fedur.data.partition import PartitionError, PartitionSpec, split_clients
 from fedur.data.split_file import count_clients, image_ids, keep_rows, part_ids, read_split_file
 from fedur.errors import ConfigError
-from fedur.main import main
-from fedur.settle import settle_num_clients
 
 from ..own_data import write_client_folders, write_images
 

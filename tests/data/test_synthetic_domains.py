@@ -104,7 +104,7 @@ def test_bad_domains_and_styles_are_refused():
 
 
 def test_it_parses_from_the_command_line():
-    from fedur.cli import parse_config
+    from fedur.app.cli import parse_config
 
     cfg = parse_config(["--config", "configs/tiny.yaml", "--dataset", "SyntheticDomains",
                            "--dataset.domains", "[photo, sketch]", "--dataset.train_per_class", "3"])

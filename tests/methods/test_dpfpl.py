@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedur.cli import parse_config
+from fedur.app.cli import parse_config
 from fedur.federated.client import ClientState
 from fedur.methods import DPFPL, LocalStep
 from fedur.methods.dpfpl import factorize, orthonormal_columns, privatised, rebuilt_gradient
@@ -205,7 +205,7 @@ def test_the_client_classifies_with_global_plus_local_the_originals_global_plus_
 def test_dpfpl_runs_through_the_round_loop(tmp_path):
     """One round of the tiny run: the global prompt averaged and downloaded by every client, each local prompt its
     own, the round and run.seed kept with each client (checkpointed) for its next steps' streams."""
-    from fedur.run import run
+    from fedur.app.run import run
 
     cfg = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--federation.local_epochs", "1",
                         "--run.progress", "false", "--run.output_dir", str(tmp_path), "--method", "DPFPL",

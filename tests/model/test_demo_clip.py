@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedur.app import demo_clip
 from fedur.data.synthetic import CLASSNAMES
-from fedur.model import demo_clip
 from fedur.model.clip import PACKAGE_WEIGHTS, ModelUnavailableError, load_clip
 
 WEIGHTS = PACKAGE_WEIGHTS / "fedur-demo.pt"

@@ -31,7 +31,7 @@ def library_epsilon(rounds: int, refreshes: int) -> float:
 
 def main_in_process(*args: str) -> MainResult:
     """run_main's call for a module-scoped fixture (run_main is per test): the entry point in this process."""
-    from fedur.main import main
+    from fedur.app.main import main
 
     out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))  # reconfigurable
     with redirect_stdout(out), redirect_stderr(err):

@@ -129,8 +129,8 @@ def test_the_order_is_a_pure_function_of_the_clients_stream():
 @pytest.mark.slow
 def test_the_demo_gives_the_same_bits_with_0_and_2_workers(tmp_path):
     """The README's smoke run with data.num_workers 0 and 2: bitwise the same results, and the README's 72.91%."""
-    from fedur.cli import parse_config
-    from fedur.run import run
+    from fedur.app.cli import parse_config
+    from fedur.app.run import run
 
     from ..conftest import assert_same_results
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedur.cli import parse_config
+from fedur.app.cli import parse_config
 from fedur.federated.collectives import Collectives
 from fedur.model.classifier import PromptedCLIP
 from fedur.train.evaluate import evaluate_global, evaluate_round, global_model_of, ready, shares_pass

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from fedur.cli import parse_config
+from fedur.app.cli import parse_config
+from fedur.app.run import run
 from fedur.model.clip import load_clip
-from fedur.run import run
 
 pytestmark = pytest.mark.slow  # whole fedur runs: not in the fast lane
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedur.cli import parse_config
+from fedur.app.cli import parse_config
+from fedur.app.report import main as report_main
+from fedur.app.run import run
 from fedur.errors import PluginError
 from fedur.methods import FedUR
-from fedur.report import main as report_main
-from fedur.run import run
 from fedur.train.setup import SetupError
 from tests.conftest import scalar_curve
 

@@ -201,7 +201,7 @@ def test_a_checkpoint_older_than_a_setting_counts_as_its_old_behaviour():
                                           "optim.schedule": ("cosine", "constant")}
     assert changed_settings(old, {**legacy, "method.mu": 0.5}) == {"method.mu": (ABSENT, 0.5)}  # not an added setting
     assert changed_settings({**legacy, "optim.schedule": "constant"}, legacy) == {"optim.schedule": ("constant", "cosine")}
-    from fedur.cli import parse_config
+    from fedur.app.cli import parse_config
     from fedur.config import result_settings
 
     cfg = parse_config(["--config", str(REPO / "configs" / "tiny.yaml"), "--method", "PFedPrompt", "--labeller", "CoDPL"])

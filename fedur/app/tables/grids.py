@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedur import plugins
+from fedur.app.tables.paper import _TABLE1
 from fedur.data.datasets import dataset_classes
-from fedur.tables.paper import _TABLE1
 
 CONFIGS = plugins.configs_dir()
 
@@ -122,7 +122,7 @@ def _flag(cls: type) -> str:
 
 
 ZERO_SHOT_ROW = Row("zeroshot", (METHODS["zeroshot"].label, "-"), ("--method", METHOD_CLASSES["zeroshot"]), paper_basis=ZERO_SHOT)
-# The paper's FL baselines, in its row order (its Table 1's rows `<method>+<labeller>`, fedur/tables/paper.py).
+# The paper's FL baselines, in its row order (its Table 1's rows `<method>+<labeller>`, fedur/app/tables/paper.py).
 BASELINES = tuple(dict.fromkeys(row.split("+")[0] for row in _TABLE1 if "+" in row))
 BASELINE_LABELS = {key: METHODS[key].label for key in BASELINES}
 # Every other method of fedur's that trains, beside the paper's two (FedCoPL, FedUR): the baselines fedur added after
@@ -406,7 +406,7 @@ GRIDS: dict[str, Grid] = {
         "figure3", "Figure 3: number of clients and joining rate (Dirichlet β = 0.1)", PAPER_ROWS[1:],
         tuple(c for d in FIGURE3_DATASETS for c in figure3_columns(d)), ("Method", "PL"),
         notes=("The paper plots Figure 3 without printing values or its x-axis ticks: the swept values here "
-               "are guesses (fedur/tables/grids.py), and there are no paper numbers to compare with.",),
+               "are guesses (fedur/app/tables/grids.py), and there are no paper numbers to compare with.",),
     ),
     "proxy-table1": Grid(
         "proxy-table1", "Table 1 rows on the CPU proxy (tiny-clip, CIFAR10, β = 0.1)", EXTENDED_PAPER_ROWS, (PROXY_COLUMN,),

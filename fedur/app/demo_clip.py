@@ -1,6 +1,6 @@
 """Train fedur's demo CLIP on generated shapes, with a text side that is wrong on purpose; evaluate it.
 
-    python -m fedur.model.demo_clip            # about 5 minutes on one CPU core; rewrites the files below
+    python -m fedur.app.demo_clip            # about 5 minutes on one CPU core; rewrites the files below
 
 writes `fedur/model/weights/fedur-demo.pt` (float16 state dict for `configs/fedur-demo.json`),
 `fedur-demo.card.json` (the measurements) and `fedur-demo.md` (the model card made from them).
@@ -58,8 +58,9 @@ from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import encode_image_prompted, load_clip
 
 MODEL_NAME = "fedur-demo"
-CONFIG_FILE = Path(__file__).parent / "configs" / f"{MODEL_NAME}.json"
-DEFAULT_OUT = Path(__file__).parent / "weights"
+MODEL_DIR = Path(__file__).parents[1] / "model"  # the model configs and weights fedur ships (fedur/model/)
+CONFIG_FILE = MODEL_DIR / "configs" / f"{MODEL_NAME}.json"
+DEFAULT_OUT = MODEL_DIR / "weights"
 IMAGE_SIZE = 32
 TEMPLATE = "a photo of a {}."  # fedur's zero-shot template
 NAME_TEMPLATES = (
@@ -118,7 +119,7 @@ def contrastive_loss(image_features: Tensor, text_features: Tensor, caption_ids:
 
 @dataclass(frozen=True)
 class Recipe:
-    """The training run's settings (each a flag of `python -m fedur.model.demo_clip`)."""
+    """The training run's settings (each a flag of `python -m fedur.app.demo_clip`)."""
 
     epochs: int = 16  # each over freshly generated images
     per_class: int = 1000  # training images per class and epoch
@@ -284,7 +285,7 @@ def sha256(path: Path) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m fedur.model.demo_clip", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fedur.app.demo_clip", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for fedur-demo.pt, .card.json and .md")
     parser.add_argument("--seed", type=int, default=0, help="init, image, caption and batch-order seed")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the weights depend on it; 1 is fastest on shared cores)")
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
         "model_config": json.loads(CONFIG_FILE.read_text()),
         "parameters": sum(p.numel() for p in model.parameters()),
         "parameters_visual": sum(p.numel() for p in model.visual.parameters()),
-        "command": " ".join(["python -m fedur.model.demo_clip", *map(shlex.quote, sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m fedur.app.demo_clip", *map(shlex.quote, sys.argv[1:] if argv is None else argv)]),
         "args": {k: v for k, v in vars(args).items() if k != "out"},  # what the weights depend on
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.perf_counter() - start, 1),
@@ -370,7 +371,7 @@ def model_card(card: dict) -> str:
     gain = ev["linear_probe_accuracy"] - ev["zero_shot_accuracy"]
     return f"""# fedur-demo: a small CLIP whose text side is wrong on purpose
 
-Trained by `fedur/model/demo_clip.py` on shapes from `fedur/data/synthetic.py`, so that FedUR has
+Trained by `fedur/app/demo_clip.py` on shapes from `fedur/data/synthetic.py`, so that FedUR has
 something to correct offline, in a minute on a CPU: its image features separate the ten shapes, and
 its class names are confused in a structured way. A stand-in for pretrained CLIP, not CLIP.
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedur.tables.grids import RunSpec, config_path, preset_config
+from fedur.app.tables.grids import RunSpec, config_path, preset_config
 from fedur.train import checkpoint
 from fedur.train.run_dir import changed_settings
 
@@ -137,7 +137,7 @@ def other_settings(specs: list[RunSpec], inputs: Inputs) -> list[tuple[RunSpec, 
         if committed is None:
             continue
         if parser is None:  # the parser imports the plugins (torch): only when there is a finished run to check
-            from fedur.cli import build_parser, parse_config
+            from fedur.app.cli import build_parser, parse_config
             from fedur.config import result_settings
 
             parser = build_parser()

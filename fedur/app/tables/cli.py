@@ -15,9 +15,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from fedur.tables import runner, slurm
-from fedur.tables.grids import GRIDS, Grid, RunSpec, expand
-from fedur.tables.render import render
+from fedur.app.tables import runner, slurm
+from fedur.app.tables.grids import GRIDS, Grid, RunSpec, expand
+from fedur.app.tables.render import render
 
 EPILOG = """\
 runs: <out>/<grid>/<column>/<row>/seed<k>/ (a fedur run directory), its output in seed<k>.log beside it.
@@ -238,7 +238,7 @@ def write_slurm(grid: Grid, args: argparse.Namespace, argv: tuple[list[str], lis
     print(f"wrote {path} ({len(todo)} array tasks) and {folder / 'runs.tsv'}\n")
     print(path.read_text())
     if args.submit and not args.dry_run:
-        table = shlex.join([sys.executable, "-m", "fedur.tables.cli", grid.name, "--table-only", "--seeds", args.seeds,
+        table = shlex.join([sys.executable, "-m", "fedur.app.tables.cli", grid.name, "--table-only", "--seeds", args.seeds,
                             "--out", str(Path(args.out).expanduser().resolve())])
         print(slurm.submit(path, table, folder, options))
     else:

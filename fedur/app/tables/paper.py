@@ -1,6 +1,6 @@
 """The paper's numbers (Liang et al., arXiv 2611.12187, ViT-B/32 unless noted; mean of 3 seeds, %), as data.
 
-`PAPER[table][dataset][setting][row] -> accuracy`. Row keys are the grids' (`fedur/tables/grids.py`):
+`PAPER[table][dataset][setting][row] -> accuracy`. Row keys are the grids' (`fedur/app/tables/grids.py`):
 `zeroshot`, `<method>+<labeller>` for the FL baselines (`promptfl+fpl`, `fedotp+codpl`, ...), `fedcopl`,
 `fedur`, and the ablation rows of Table 6. Settings: `beta0.1`, `beta0.05`, `quantity`.
 `PAPER_AVERAGE[table][setting][row]` is the paper's own "Average" column, kept to check the transcription

@@ -8,10 +8,10 @@ import os
 import time
 from pathlib import Path
 
+from fedur.app.settle import settle
 from fedur.config import Config, result_settings
 from fedur.federated.collectives import Collectives
 from fedur.launch_env import LaunchEnv, Startup, deterministic_environment, make_fabric, set_determinism, set_threads
-from fedur.settle import settle
 from fedur.train import ownership
 from fedur.train import run_dir as run_dirs
 from fedur.train.preemption import StopRequest
@@ -22,14 +22,14 @@ def attack_after(root: Path, fabric) -> None:
     if fabric.world_size > 1:
         print(f"fedur: evaluation.membership_attack runs on one rank; attack this run with `fedur-attack {root}`")
         return
-    from fedur.attack import attack, table
+    from fedur.app.attack import attack, table
 
     members, leak = attack(root, device=str(fabric.device.type))
     print(table(members, leak))
 
 
 def run(cfg: Config, env: LaunchEnv | None = None, startup: Startup | None = None):
-    """Train `cfg`'s federation (settled here, `fedur.settle`) and return the round loop's FitResult; None when the
+    """Train `cfg`'s federation (settled here, `fedur.app.settle`) and return the round loop's FitResult; None when the
     run directory holds a finished run (nothing to resume). `startup`: this process's clock from its start (the
     entry point's; None: from now). Every rank calls this."""
     from fedur.train.fit import fit

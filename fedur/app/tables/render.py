@@ -16,10 +16,10 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedur.tables.figures import write_figures
-from fedur.tables.grids import ACCURACIES, FINAL, PROTOCOLS, Column, Grid, Row, RunSpec
-from fedur.tables.paper import PAPER_AVERAGE, paper_value
-from fedur.tables.runner import extra_flags, read_summary, summary_value
+from fedur.app.tables.figures import write_figures
+from fedur.app.tables.grids import ACCURACIES, FINAL, PROTOCOLS, Column, Grid, Row, RunSpec
+from fedur.app.tables.paper import PAPER_AVERAGE, paper_value
+from fedur.app.tables.runner import extra_flags, read_summary, summary_value
 
 MISSING = "—"
 
@@ -298,7 +298,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 def render(grid: Grid, specs: list[RunSpec], seeds: list[int], folder: Path) -> tuple[dict, list[Path]]:
     """Write folder/table.md, table.csv (the paper's shape), cells.csv (one line per cell) and the figures
-    (fedur/tables/figures.py), as PNG and PDF."""
+    (fedur/app/tables/figures.py), as PNG and PDF."""
     cells = collect(grid, specs)
     files = [folder / "table.md", folder / "table.csv", folder / "cells.csv"]
     for path, text in zip(files, (markdown(grid, cells, specs, seeds), wide_csv(grid, cells), long_csv(grid, cells))):

@@ -9,9 +9,9 @@ import re
 import statistics
 from pathlib import Path
 
+from fedur.app.tables.grids import FINAL, Grid, RunSpec
 from fedur.metrics import round_numbers
 from fedur.plots import band_panels, band_plot, bar_chart, save_figure
-from fedur.tables.grids import FINAL, Grid, RunSpec
 
 FIGURE3_SETTINGS = ("clients", "join")  # Column.setting prefixes of figure3's columns: clients<K>, join<rate>
 DIVERGENCE = "drift_diversity"  # FedVLS's drift diversity of the clients' updates (fedur/federated/divergence.py)

@@ -25,13 +25,13 @@ import torch
 from lightning import Fabric
 from torch import Tensor
 
-from fedur.attack_histograms import histogram_attack
-from fedur.attack_membership import attack_scores, balanced, mean_rows, measured
 from fedur.data.loaders import in_batches
 from fedur.errors import FedurError
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.launch_env import LaunchEnv
+from fedur.privacy.histogram_attack import histogram_attack
+from fedur.privacy.membership_attack import attack_scores, balanced, mean_rows, measured
 from fedur.train import checkpoint
 from fedur.train.evaluate import ServerModel, global_model_of, prepared
 from fedur.train.host import Host
@@ -80,7 +80,7 @@ def finished_run(run_dir: Path) -> dict:
 def rebuild(run_dir: Path, device: str) -> Rebuilt:
     """The run's host (its own data and split, the clients restored from the last committed round: a split that
     differs from the checkpoint's is refused) and the server's model, on `device`."""
-    from fedur.cli import parse_config  # the entry point's parser: the run's own settings
+    from fedur.app.cli import parse_config  # the entry point's parser: the run's own settings
 
     summary = finished_run(run_dir)
     committed = checkpoint.latest(run_dir)

@@ -45,7 +45,7 @@ class CrossDatasetError(FedurError, ValueError):
 def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
     """Test the server model of the finished run in `run_dir` on the test split of the dataset `settings` name
     (fedur flags); returns (and writes to run_dir/cross_dataset/<key>.json) what was measured."""
-    from fedur.cli import parse_config  # the entry point's parser: the same settings as the run's
+    from fedur.app.cli import parse_config  # the entry point's parser: the same settings as the run's
 
     run_dir = Path(run_dir).expanduser().resolve()
     committed = checkpoint.latest(run_dir)

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedur.tables.grids import RunSpec
+from fedur.app.tables.grids import RunSpec
 
 SRUN = "srun --kill-on-bad-exit=1"
 # Appended to every run's flags inside a task: the layout and threads follow the allocation.
@@ -49,7 +49,7 @@ def array_ranges(indices: list[int]) -> str:
 
 def task_command(grid: str, task_args: list[str], extra: list[str]) -> str:
     """The command every array task runs; $SLURM_ARRAY_TASK_ID picks the run."""
-    head = [sys.executable, "-m", "fedur.tables.cli", grid, "--task"]
+    head = [sys.executable, "-m", "fedur.app.tables.cli", grid, "--task"]
     tail = shlex.join(task_args) + " -- " + (shlex.join(extra) + " " if extra else "")
     return shlex.join(head) + ' "$SLURM_ARRAY_TASK_ID" ' + tail + ALLOCATION_FLAGS
 

@@ -1,7 +1,7 @@
 """fedur-report: one or many run directories -> a Markdown report and PNG plots of accuracy per round.
 
     fedur-report runs/a runs/b --out reports/ab
-    python -m fedur.report runs/* --out reports/all
+    python -m fedur.app.report runs/* --out reports/all
 
 Writes OUT/report.md (one row per run, then one table per run with its clients), OUT/accuracy_mean.png
 (the mean accuracy over clients per round, one line per run; round 0 is zero-shot CLIP) and
