@@ -68,6 +68,7 @@ class PFedMoAP(Method):
 
     label = "pFedMoAP"
     preset = "pfedmoap"
+    reads_rows = "own"  # each client's own prompt goes into the bank of experts
 
     def __init__(self, num_experts: PositiveInt = 10, lam: NonNegativeFloat = 0.5, scaling: PositiveFloat = 10.0,
                  gate_dim: PositiveInt | None = None, gate_heads: PositiveInt = 8, gate_lr_ratio: PositiveFloat = 5.0,
@@ -113,7 +114,7 @@ class PFedMoAP(Method):
     def aggregate(self, round: ServerRound) -> Aggregated:
         """The prompts' weighted average; each participant's prompt into the bank; every trained client's experts."""
         shared = super().aggregate(round).shared
-        prompts, joined = round.uploads["text_ctx"], round.participants  # (K, n_ctx, width), (K,)
+        prompts, joined = round.rows("text_ctx"), round.participants  # (K, n_ctx, width), (K,)
         bank = round.state.get(BANK, torch.zeros_like(prompts))
         bank = torch.where(joined.view(-1, 1, 1), prompts.to(bank.dtype), bank)
         trained = round.state.get(TRAINED, torch.zeros(len(joined), dtype=torch.bool, device="cpu")) | joined
