@@ -9,7 +9,7 @@ lists (its row named here), so that a default changed by mistake, or a setting a
 
 The originals were read at the commits below (docs/reference-parity.md names the same ones); the line numbers are
 theirs. A value fedur derives from the original's is written as the derivation (PromptSRC's GPA mean: 15 of its 20
-epochs, as a fraction of the rounds: 15 / 20).
+epochs, as a fraction of the rounds: 15 / 20). FedTPG is not pinned yet: UNPINNED says why.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ FLIP = "0-ml/flip@ec3a848"
 PFEDMOAP = "ljaiverson/pFedMoAP@a481de3"
 FEDPHA = "CYFang6/FedPHA@1ab33df"
 DPFPL = "linhhtran/DP-FPL@cce74b4"
+PROMPTFL = "PEILab-Federated-Learning/PromptFL@da401e7"
+FEDOTP = "HongxiaLee/FedOTP@9948611"
+FEDPGP = "TianyuCuiOvO/FedPGP@d43045b"
+PROMPTFOLIO = "PanBikang/PromptFolio@8f729aa"
 
 COCOOP_CFG = f"{COOP} configs/trainers/CoCoOp/vit_b16_c4_ep10_batch1_ctxv1.yaml"
 KGCOOP_CFG = f"{KGCOOP} KgCoOp/configs/trainers/KgCoOp/vit_b16_ep100_ctxv1.yaml"
@@ -50,6 +54,7 @@ FLIP_DATA_SIZE = f"{FLIP} flcore/servers/server_base.py L213-218, L230-237"
 FLIP_ONE_EPOCH = f"{FLIP} scripts/run_batch.sh L28"
 
 
+
 @dataclass(frozen=True)
 class Pin:
     setting: str  # "method.<argument>", or "<model|federation|optim>.<field>" of the run config
@@ -57,6 +62,27 @@ class Pin:
     source: str  # "repo@commit path Lnn", where the original says it
     scope: Literal["default", "preset", "both"] = "both"
 
+
+PROMPTFL_RUN = (  # PromptFL's settings: pFedPrompt's preset takes them [guess: pFedPrompt has no public code]
+    Pin("method.weighting", "uniform", f"{PROMPTFL} utils.py L76-85", "preset"),
+    Pin("model.n_ctx", 16, f"{PROMPTFL} federated_main.py L96; README.md L27", "preset"),
+    Pin("federation.local_epochs", 5, f"{PROMPTFL} scripts/main_pipeline.sh L27, L51", "preset"),
+    Pin("optim.lr", 0.001, f"{PROMPTFL} scripts/main_pipeline.sh L9, L53", "preset"),
+    Pin("optim.batch_size", 32, f"{PROMPTFL} configs/trainers/CoOp/vit_b16_ep50.yaml L3", "preset"),
+    Pin("optim.momentum", 0.9, f"{PROMPTFL} Dassl/dassl/config/defaults.py L154", "preset"),
+    Pin("optim.weight_decay", 5e-4, f"{PROMPTFL} Dassl/dassl/config/defaults.py L153", "preset"),
+)
+GLP_OT_CFG = f"{FEDOTP} configs/trainers/GLP_OT/vit_b16.yaml"  # merged after federated_main.py L101-104, at L119
+FEDOTP_RUN = (
+    Pin("method.weighting", "data", f"{FEDOTP} federated_main.py L374; utils/fed_utils.py L5-13", "preset"),
+    Pin("federation.local_epochs", 1, f"{GLP_OT_CFG} L18", "preset"),
+    Pin("optim.lr", 0.001, f"{GLP_OT_CFG} L17", "preset"),
+    Pin("optim.batch_size", 32, f"{FEDOTP} federated_main.py L510 (set at L121)", "preset"),
+    Pin("optim.momentum", 0.9, f"{FEDOTP} Dassl/dassl/config/defaults.py L157", "preset"),
+    Pin("optim.weight_decay", 5e-4, f"{FEDOTP} Dassl/dassl/config/defaults.py L156", "preset"),
+    Pin("optim.schedule", "constant", f"{GLP_OT_CFG} L19 (single_step); {FEDOTP} federated_main.py L509 (gamma 1)",
+        "preset"),
+)
 
 PINS: dict[str, tuple[Pin, ...]] = {
     "fedcocoop": (
@@ -184,6 +210,55 @@ PINS: dict[str, tuple[Pin, ...]] = {
     ),
 }
 
+PINS |= {
+    "promptfl": PROMPTFL_RUN,
+    "pfedprompt": PROMPTFL_RUN,
+    "promptprox": (
+        Pin("method.mu", 0.5, f"{FEDOTP} federated_main.py L513 (its fedprox, L296-309)"),
+        Pin("model.n_ctx", 16, f"{FEDOTP} federated_main.py L529 (its argparse default)", "preset"),
+        *FEDOTP_RUN,  # [guess]: no script runs its fedprox; the config is the one FedOTP's own script passes
+    ),
+    "fedotp": (
+        Pin("method.eps", 0.1, f"{FEDOTP} scripts/fedotp_cifar100.sh L12; federated_main.py L537"),
+        Pin("method.top_percent", 0.8, f"{FEDOTP} scripts/fedotp_cifar100.sh L11"),
+        Pin("method.thresh", 0.001, f"{FEDOTP} scripts/fedotp_cifar100.sh L13; federated_main.py L538", "default"),
+        Pin("method.max_iter", 100, f"{FEDOTP} scripts/fedotp_cifar100.sh L14; federated_main.py L539", "default"),
+        Pin("model.n_ctx", 4, f"{FEDOTP} scripts/fedotp_cifar100.sh L24", "preset"),
+        *FEDOTP_RUN,
+    ),
+    "fedpgp": (
+        Pin("method.rank", 8, f"{FEDPGP} scripts/plot_basetonew_base.sh L34, L57 (BOTTLENECK)"),
+        Pin("method.mu", 0.5, f"{FEDPGP} scripts/plot_basetonew_base.sh L36, L55"),
+        Pin("method.temperature", 0.5, f"{FEDPGP} scripts/plot_basetonew_base.sh L30, L56"),
+        Pin("method.weighting", "data", f"{FEDPGP} federated_main.py L349", "preset"),
+        Pin("model.n_ctx", 16, f"{FEDPGP} scripts/plot_basetonew_base.sh L26", "preset"),
+        Pin("federation.local_epochs", 2, f"{FEDPGP} scripts/plot_basetonew_base.sh L21, L66", "preset"),
+        Pin("optim.lr", 0.001, f"{FEDPGP} scripts/plot_basetonew_base.sh L15; configs/trainers/PLOT/vit_b16.yaml L17",
+            "preset"),
+        Pin("optim.batch_size", 32, f"{FEDPGP} federated_main.py L471 (its script passes the shots, L69)", "preset"),
+        Pin("optim.momentum", 0.9, f"{FEDPGP} Dassl/dassl/config/defaults.py L157", "preset"),
+        Pin("optim.weight_decay", 5e-4, f"{FEDPGP} Dassl/dassl/config/defaults.py L156", "preset"),
+        Pin("optim.schedule", "constant", f"{FEDPGP} configs/trainers/PLOT/vit_b16.yaml L18 (single_step); "
+                                          "federated_main.py L441 (gamma 1)", "preset"),
+    ),
+    "promptfolio": (
+        Pin("method.theta", 0.4, f"{PROMPTFOLIO} federated_main.py L399 (--frac_p)"),
+        Pin("method.weighting", "data", f"{PROMPTFOLIO} trainers/PromptFolio.py L412-417", "preset"),
+        Pin("model.n_ctx", 8, f"{PROMPTFOLIO} federated_main.py L412", "preset"),
+        Pin("federation.local_epochs", 5, f"{PROMPTFOLIO} configs/trainers/PromptFolio/vit_b16.yaml L18 (merged after "
+                                           "federated_main.py L121, at L139)", "preset"),
+        Pin("optim.lr", 0.002, f"{PROMPTFOLIO} configs/trainers/PromptFolio/vit_b16.yaml L17", "preset"),
+        Pin("optim.batch_size", 16, f"{PROMPTFOLIO} federated_main.py L418 (set at L141, after the yaml)", "preset"),
+        Pin("optim.momentum", 0.9, f"{PROMPTFOLIO} Dassl/dassl/config/defaults.py L157", "preset"),
+        Pin("optim.weight_decay", 5e-4, f"{PROMPTFOLIO} Dassl/dassl/config/defaults.py L156", "preset"),
+        Pin("optim.schedule", "cosine", f"{PROMPTFOLIO} configs/trainers/PromptFolio/vit_b16.yaml L19", "preset"),
+        Pin("optim.cosine_epochs", 5, f"{PROMPTFOLIO} configs/trainers/PromptFolio/vit_b16.yaml L18 (T_max = MAX_EPOCH)",
+            "preset"),
+        Pin("optim.warmup_epochs", 1, f"{PROMPTFOLIO} configs/trainers/PromptFolio/vit_b16.yaml L20", "preset"),
+        Pin("optim.warmup_lr", 1e-5, f"{PROMPTFOLIO} configs/trainers/PromptFolio/vit_b16.yaml L22", "preset"),
+    ),
+}
+
 # What a method's defaults or published preset set otherwise than its original, each with the row of its section of
 # docs/reference-parity.md that says so (the row's first cell).
 DIFFERS: dict[str, dict[str, str]] = {
@@ -194,12 +269,20 @@ DIFFERS: dict[str, dict[str, str]] = {
     "pfedmoap": {"method.gate_dim": "The gate's width"},
     "fedpha": {},
     "dpfpl": {},
+    "promptfl": {"method.weighting": "The server's weighting"},
+    "pfedprompt": {"method.cache_shots": "Cache size", "method.cache_self_vote": "Self-votes",
+                   "method.cache_alpha_scale": "alpha's scale", "method.cache_alpha": "alpha and beta",
+                   "method.cache_beta": "alpha and beta"},
+    "promptprox": {},
+    "fedotp": {},
+    "fedpgp": {},
+    "promptfolio": {},
 }
 
 # Methods with a published preset whose values no table here holds yet, and why.
 UNPINNED = {
-    key: "its preset's comment cites its original's lines; not yet held by a table here (issue 51 reviewed the seven "
-         "above)" for key in ("promptfl", "promptprox", "pfedprompt", "fedotp", "fedpgp", "fedtpg", "promptfolio")
+    "fedtpg": "its published values come in part from a run's log (output/cross_cls/fedtpg/20_8/43/log.txt), not a "
+              "configuration file; its preset's comment cites them and tests/methods/test_fedtpg.py holds its SGD state",
 }
 
 # Methods without a published preset, and why none.
