@@ -74,7 +74,6 @@ PROMPTFL_RUN = (  # PromptFL's settings: pFedPrompt's preset takes them [guess: 
 )
 GLP_OT_CFG = f"{FEDOTP} configs/trainers/GLP_OT/vit_b16.yaml"  # merged after federated_main.py L101-104, at L119
 FEDOTP_RUN = (
-    Pin("method.weighting", "data", f"{FEDOTP} federated_main.py L374; utils/fed_utils.py L5-13", "preset"),
     Pin("federation.local_epochs", 1, f"{GLP_OT_CFG} L18", "preset"),
     Pin("optim.lr", 0.001, f"{GLP_OT_CFG} L17", "preset"),
     Pin("optim.batch_size", 32, f"{FEDOTP} federated_main.py L510 (set at L121)", "preset"),
@@ -215,6 +214,7 @@ PINS |= {
     "pfedprompt": PROMPTFL_RUN,
     "promptprox": (
         Pin("method.mu", 0.5, f"{FEDOTP} federated_main.py L513 (its fedprox, L296-309)"),
+        Pin("method.weighting", "data", f"{FEDOTP} federated_main.py L309; utils/fed_utils.py L5-13", "preset"),
         Pin("model.n_ctx", 16, f"{FEDOTP} federated_main.py L529 (its argparse default)", "preset"),
         *FEDOTP_RUN,  # [guess]: no script runs its fedprox; the config is the one FedOTP's own script passes
     ),
@@ -223,6 +223,7 @@ PINS |= {
         Pin("method.top_percent", 0.8, f"{FEDOTP} scripts/fedotp_cifar100.sh L11"),
         Pin("method.thresh", 0.001, f"{FEDOTP} scripts/fedotp_cifar100.sh L13; federated_main.py L538", "default"),
         Pin("method.max_iter", 100, f"{FEDOTP} scripts/fedotp_cifar100.sh L14; federated_main.py L539", "default"),
+        Pin("method.weighting", "data", f"{FEDOTP} federated_main.py L374; utils/fed_utils.py L5-13", "preset"),
         Pin("model.n_ctx", 4, f"{FEDOTP} scripts/fedotp_cifar100.sh L24", "preset"),
         *FEDOTP_RUN,
     ),
