@@ -64,6 +64,11 @@ class Drawn:
     budgets: Tensor | None  # (K,) int64 the steps each may take (-1: all; None: no deadline cuts any)
     piece_bytes: dict[str, int]  # {name: bytes} of one client's upload
 
+    def limit(self, client_id: int) -> int | None:
+        """The most local steps client `client_id` may take this round (None: all of its own)."""
+        steps = None if self.budgets is None else int(self.budgets[client_id])
+        return None if steps is None or steps < 0 else steps
+
 
 @dataclass
 class Channel:
@@ -103,7 +108,7 @@ class Channel:
 
     # -- before anyone trains ----------------------------------------------------------------------------------
 
-    def draw(self, method: Method, round_idx: int, num_clients: int, join_rate: float, seed: int) -> Tensor:
+    def participants(self, method: Method, round_idx: int, num_clients: int, join_rate: float, seed: int) -> Tensor:
         """(N,) bool: who of the `num_clients` training clients is asked in round `round_idx`: the method's draw at the
         clock's rate (over-selection asks more), or under privacy the draw from the secret seed."""
         if self.privacy is not None:
@@ -115,11 +120,15 @@ class Channel:
         every asked client (one without pseudo-labels or steps sends an update of zero)."""
         return joined.clone() if self.noise.active else weights > 0
 
-    def arrivals(self, round_idx: int, uploading: Tensor, selected: Tensor | None, upload_bytes: int, wanted: int) -> Arrivals:
-        return self.clock.arrivals(round_idx, uploading, selected, upload_bytes, wanted)
-
-    def budgets(self, arrivals: Arrivals) -> Tensor | None:
-        return self.clock.budgets(arrivals)
+    def draw(self, round_idx: int, joined: Tensor, weights: Tensor, selected: Tensor | None, piece_bytes: dict[str, int],
+             wanted: int) -> Drawn:
+        """Who of the `joined` clients (their method `weights`) will arrive, when, and with how many local steps, on the
+        clock (`selected`: (K,) each one's selected pseudo-labels, None for a method that trains nothing; `wanted`: the
+        uploads a round takes); a client cut short to no step trains nothing (weight 0)."""
+        arrivals = self.clock.arrivals(round_idx, self.uploaders(joined, weights), selected, sum(piece_bytes.values()), wanted)
+        budgets = self.clock.budgets(arrivals)
+        weights = weights if budgets is None else weights * (budgets != 0)
+        return Drawn(joined, weights, arrivals, budgets, piece_bytes)
 
     # -- the round's exchange ------------------------------------------------------------------------------------
 
@@ -160,8 +169,11 @@ class Channel:
 
     # -- a refresh's histograms ----------------------------------------------------------------------------------
 
-    def histograms_lost(self, refresh_round: int, num_clients: int) -> Tensor | None:
-        return self.clock.histograms_lost(refresh_round, num_clients)
+    def histograms_arrive(self, refresh_round: int, members: Tensor) -> tuple[Tensor, Tensor | None]:
+        """((K,) bool the `members` whose histograms arrive at the refresh that begins round `refresh_round`, (K,) bool
+        those lost on the way or None where none can be)."""
+        lost = self.clock.histograms_lost(refresh_round, len(members))
+        return (members if lost is None else members & ~lost), lost
 
     def histograms_per_refresh(self, labeller: Labeller | None) -> int:
         """How many histograms a client sends at a refresh: under privacy those it releases (the cooperative
@@ -173,19 +185,38 @@ class Channel:
 
     # -- the ledger --------------------------------------------------------------------------------------------------
 
+    def round_record(self) -> dict | None:
+        """What metrics.jsonl says of privacy after a round (None: privacy off)."""
+        return None if self.privacy is None else self.privacy.round_record()
+
     def record(self, joined: Tensor, refreshed: bool) -> None:
         """A round's releases into privacy's ledger (nothing without privacy)."""
         if self.privacy is not None:
             self.privacy.record(joined, refreshed)
 
+    def stop_before(self, round_idx: int, rounds: int, refreshes: bool) -> str | None:
+        """The line that stops the run before round `round_idx` (from 0; `refreshes`: it begins with a refresh) because
+        its releases would take epsilon past privacy.target_epsilon (None: it goes on)."""
+        return None if self.privacy is None else self.privacy.stop_before(round_idx, rounds, refreshes)
+
     def summary(self, rounds: list[dict]) -> dict:
-        """summary.json's "system": the attackers, and over the run's rounds (metrics.jsonl lines) how many uploads were
-        asked for, lost, late and taken, the rounds that kept the global state, and the virtual clock."""
+        """summary.json's entries of the stages: "privacy" (privacy on) and "system" (the clock, the adversary or the
+        reducer on: the attackers, and over the run's rounds, its metrics.jsonl lines, how many uploads were asked for,
+        lost, late and taken, the rounds that kept the global state, and the virtual clock)."""
         total = lambda key: sum(len(r.get(key) or []) for r in rounds)  # noqa: E731
-        return {"attackers": list(self.adversary.attackers), "attack": self.adversary.attack, "aggregator": self.reducer.rule,
-                **{f"{key}_uploads": total(key) for key in ("asked", "answered", "dropped", "late", "surplus", "accepted")},
-                "kept_global_rounds": [r["round"] for r in rounds if r.get("kept_global")],
-                "virtual_seconds": rounds[-1].get("virtual_clock") if rounds else 0.0}
+        system = {"attackers": list(self.adversary.attackers), "attack": self.adversary.attack, "aggregator": self.reducer.rule,
+                  **{f"{key}_uploads": total(key) for key in ("asked", "answered", "dropped", "late", "surplus", "accepted")},
+                  "kept_global_rounds": [r["round"] for r in rounds if r.get("kept_global")],
+                  "virtual_seconds": rounds[-1].get("virtual_clock") if rounds else 0.0}
+        return {**({} if self.privacy is None else {"privacy": self.privacy.summary()}), **({"system": system} if self.system else {})}
+
+    def state_dict(self) -> dict:
+        """global.pt's entries of the stages: privacy's ledger, clip and secret seed (privacy on)."""
+        return {} if self.privacy is None else {"privacy": self.privacy.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.privacy is not None:
+            self.privacy.load_state_dict(state["privacy"])
 
 
 def check(stages: Stages, method: Method, labeller: Labeller | None, num_clients: int, join_rate: float) -> None:
