@@ -46,7 +46,7 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
     stopped.record_zero_shot(ZERO_SHOT)
     for r, acc in enumerate(ACCURACY[:2] + [[99.0, 99.0]]):  # round 2 logged, then lost with the checkpoint
         stopped.record_round(row(r, acc))
-    stopped.tensorboard.experiment.flush()
+    stopped.sinks[0].flush()
     with open(resumed / "metrics.jsonl", "a") as f:
         f.write('{"round": 4, "mean_acc')
 
