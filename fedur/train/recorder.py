@@ -9,7 +9,7 @@ counted from 0 in its files (History.first_round 0, summary.json's "first_round"
 there when resumed; steps and printed lines count from 1 either way. A resumed run (`start_round` > 0) starts from the History its run
 directory gave back, and reopens the same tensorboard/ directory with purge_step = start_round + 1:
 TensorBoard drops whatever the interrupted run logged after the last kept round, and nothing at or
-below that step is logged again.
+below that step is logged again (its new event file named after the interrupted run's: sinks.py).
 
 What a round's row becomes (TensorBoard's scalars, the round line) is declared field by field in
 fedur/train/round_fields.py; every scalar, figure and text goes to the run's sinks (fedur/train/sinks.py:
@@ -96,7 +96,8 @@ class Recorder:
         imported or drawn before it (TensorBoard, matplotlib); called with the first round's record, or at the finish."""
         if self.deferred is None:
             return
-        self.sinks = [TensorBoard(self.run_dir.path("tensorboard"), self.start_round + 1 if self.start_round else None)]
+        self.sinks = [TensorBoard(self.run_dir.path("tensorboard"), self.start_round + 1 if self.start_round else None,
+                                  self.note)]
         waiting, self.deferred = self.deferred, None
         for write in waiting:
             write()
