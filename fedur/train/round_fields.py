@@ -128,10 +128,6 @@ def _taken(accepted: list[int], row: dict) -> list[str]:
     return [f"taken {len(accepted)}/{len(row['asked'])}" + (" (global kept)" if row["kept_global"] else "")]
 
 
-def _pct(value: float | None) -> str:
-    return fmt(value, missing="")
-
-
 def _count(ids: list[int] | None) -> str:
     return str(len(ids or []))
 
