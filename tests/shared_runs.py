@@ -96,6 +96,19 @@ def method_cases() -> dict[str, list[str]]:
     return cases
 
 
+def method_of(flags: list[str]) -> type:
+    """The method class a case's flags run (FedUR without --method; a user's by its import path)."""
+    from fedur import plugins
+
+    name = flags[flags.index("--method") + 1] if "--method" in flags else "FedUR"
+    return next((cls for cls in plugins.builtin("method") if cls.__name__ == name), None) or plugins.by_path("method", name)
+
+
+def runs_rounds(flags: list[str]) -> bool:
+    """Whether the case's method runs rounds (zero-shot CLIP has none: no metrics.jsonl, no checkpoints)."""
+    return method_of(flags)().rounds(1) > 0
+
+
 def every_case() -> dict[str, list[str]]:
     return {**method_cases(), **SPECIAL}
 
