@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from fedur.labels.base import Labeller
     from fedur.methods.base import Method
 
-from fedur.ranges import Fraction  # noqa: E402  (shared with the plugins' arguments)
+from fedur.evaluation.estimators import DEFAULT as DEFAULT_ESTIMATOR  # noqa: E402
+from fedur.evaluation.estimators import Estimator  # noqa: E402
+from fedur.ranges import Fraction, LossRate  # noqa: E402  (shared with the plugins' arguments)
 
 
 @dataclass
@@ -88,6 +90,12 @@ class DataConfig:
     the run's summary ('skip')."""
     num_workers: NonNegativeInt = 2
     """DataLoader worker processes per rank (0 decodes in the main process)."""
+    validation_fraction: LossRate = 0.0
+    """Set this share of each client's train images aside as its label-free validation split (at least one image per
+    client when above 0): never trained on nor pseudo-labelled, drawn from the client's own random stream (the same
+    whichever rank hosts it), named in partition.json's validation_ids (a split file may name it instead). Each client's
+    accuracy is then estimated on it, and evaluation.select label_free chooses on it (docs/label-free.md). 0: none;
+    the estimates read the test images' logits that the evaluation computes anyway."""
 
 
 @dataclass
@@ -162,6 +170,17 @@ class EvaluationConfig:
     """Leave-one-domain-out: this domain's images are held out of training (a dataset with domains; the clients
     split the others, e.g. federation.partition domain_dirichlet) and the server's model is tested on its test
     images every round (held_out_domain_accuracy)."""
+    estimator: Estimator = DEFAULT_ESTIMATOR
+    """How each client's accuracy is estimated from the logits of its unlabelled images (docs/label-free.md):
+    confidence (the mean top-1 softmax probability), entropy (1 - the mean normalised entropy), agreement_zero_shot or
+    agreement_server (the share of images on which the model agrees with zero-shot CLIP or the server's model),
+    dispersity (the prediction matrix's normalised nuclear norm) or mano (MaNo's normalised 4-norm). Every estimator is
+    recorded every round (metrics.jsonl's estimated_accuracy); this one is shown on the round line and chooses."""
+    select: Literal["none", "label_free"] = "none"
+    """label_free: each client keeps, among zero-shot CLIP, its personal model and the server's model after every round,
+    the one evaluation.estimator rates highest on its validation split (data.validation_fraction > 0); the run keeps its
+    pieces (prompts/chosen/) and summary.json's label_free_choice says which, with its true accuracy where labels exist
+    beside the final model's and the best choice's. none: the final models only."""
 
 
 def new_client_count(new_clients: float, num_clients: int) -> int:

@@ -94,6 +94,23 @@ def line_plot(
     return fig
 
 
+def reliability_diagram(models: dict[str, list[dict]], title: str) -> Figure:
+    """The reliability diagram of each model (name -> its bins' points: fedur.evaluation.calibration.reliability, each
+    {"confidence", "accuracy", "images", "low", "high"} in %): accuracy against mean confidence per bin, a marker's
+    area by the bin's images, and the diagonal of perfect calibration."""
+    fig, ax = plt.subplots(figsize=(6.4, 5.2), layout="constrained")
+    ax.plot([0, 100], [0, 100], color="0.6", linestyle="--", linewidth=1, label="perfectly calibrated")
+    for name, points in models.items():
+        total = sum(p["images"] for p in points) or 1
+        xs, ys = [p["confidence"] for p in points], [p["accuracy"] for p in points]
+        line = ax.plot(xs, ys, linewidth=1.2, label=name)[0]
+        ax.scatter(xs, ys, s=[max(8.0, 400.0 * p["images"] / total) for p in points], color=line.get_color(), alpha=0.6)
+    ax.set(xlim=(0, 100), ylim=(0, 100), xlabel="confidence (%), 15 equal-width bins", ylabel="accuracy (%)", title=title)
+    ax.grid(True, color="0.9")
+    ax.legend(loc="upper left", frameon=False, fontsize=8)
+    return fig
+
+
 Series = dict[str, tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]]
 
 

@@ -6,13 +6,16 @@ An image's id is its path relative to `dataset.root` (with '/'; an absolute path
 for datasets of image files, and its index in the loaded split (0 .. N-1, in the dataset's order) for
 images held in memory (the generated ones); a JSON file may give indices for any dataset.
 
-JSON: {"train_ids": [[id, ...] per client], "test_ids": [[id, ...] per client] or null}. A client is its
-position in the list. `test_ids` null or absent: every client is tested on the whole test set.
+JSON: {"train_ids": [[id, ...] per client], "test_ids": [[id, ...] per client] or null, "validation_ids": [[id, ...]
+per client] (optional)}. A client is its position in the list. `test_ids` null or absent: every client is tested on
+the whole test set. `validation_ids`: train images each client sets aside as its label-free validation split
+(data.validation_fraction; never trained on), listed there instead of in train_ids.
 CSV: a header naming the columns `client` (an integer, 0 .. K-1), `image` (an id) and optionally `split`
-(train or test; absent: train), then one line per image. Without test lines every client is tested on the
-whole test set.
+(train, test or validation; absent: train), then one line per image. Without test lines every client is tested on
+the whole test set.
 
-Either way every train image (and, when test ids are given, every test image) is listed exactly once, no
+Either way every train image (in train_ids or validation_ids; and, when test ids are given, every test image) is
+listed exactly once, no
 id is unknown, all ids of a file are of one kind (paths or indices), and no client is without a train
 image; each error is one line naming the file and the entry, as `<path>:<line>: <message>` for a CSV line
 and `<path>: <message>` otherwise (a JSON entry by its place, train_ids[k][j]). A JSON file may also list
@@ -27,6 +30,7 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +38,15 @@ from fedur.data.images import ImageSplit, line_of, reason
 from fedur.data.partition import PartitionError, Parts
 
 SPLITS = ("train", "test")
+
+
+class GivenSplit(NamedTuple):
+    """A split file's clients: each one's train rows, test rows (None: every client is tested on the whole test set)
+    and label-free validation rows (None: the file names none), as indices into the loaded splits."""
+
+    train: Parts
+    test: Parts | None
+    validation: Parts | None = None
 
 
 def image_ids(split: ImageSplit, root: str | None) -> list[str] | None:
@@ -62,23 +75,41 @@ def left_out_ids(split: ImageSplit, kept: np.ndarray, root: str | None) -> list[
     return [int(i) if ids is None else ids[i] for i in left]
 
 
-def read_split_file(path: str, train: ImageSplit, test: ImageSplit, root: str | None) -> tuple[Parts, Parts | None]:
-    """(train parts, test parts or None for a test set every client shares) from a JSON or CSV split file,
-    checked against the loaded splits; raises PartitionError with one line naming the file and the wrong entry."""
+def read_split_file(path: str, train: ImageSplit, test: ImageSplit, root: str | None) -> GivenSplit:
+    """(train parts, test parts or None for a test set every client shares, validation parts or None) from a JSON or
+    CSV split file, checked against the loaded splits; raises PartitionError with one line naming the file and the
+    wrong entry."""
     entries = read_entries(path)
     skipped, where = entries["skipped"], entries["where"]
-    train_parts = _resolve(path, "train", entries["train"], train, root, skipped["train"], where["train"])
+    validation = entries.get("validation")
+    named = entries["train"]
+    if validation is not None:  # a train image is named once, in train_ids or in validation_ids
+        if len(validation) > len(named):
+            raise PartitionError(f"{path}: validation ids name {len(validation)} clients but the train ids only "
+                                 f"{len(named)}; give every client with validation images train images too")
+        validation = validation + [[] for _ in range(len(named) - len(validation))]
+        named = [t + v for t, v in zip(named, validation)]
+        if where["train"] is not None:  # CSV: each entry's line
+            where = {**where, "train": [t + v for t, v in zip(where["train"], where["validation"])]}
+        else:  # JSON: each entry by its place
+            where = {**where, "train": [[f"train_ids[{k}][{j}]" for j in range(len(t))]
+                                        + [f"validation_ids[{k}][{j}]" for j in range(len(v))]
+                                        for k, (t, v) in enumerate(zip(entries["train"], validation))]}
+    both = _resolve(path, "train", named, train, root, skipped["train"], where["train"])
+    sizes = [len(t) for t in entries["train"]]
+    train_parts = [part[:n] for part, n in zip(both, sizes)]
+    validation_parts = None if validation is None else [part[n:] for part, n in zip(both, sizes)]
     for k, part in enumerate(train_parts):
         if len(part) == 0:
             raise PartitionError(f"{path}: client {k} has no train image; every client needs at least one (remove "
                                  "the client or give it images)")
     if entries["test"] is None:
-        return train_parts, None
+        return GivenSplit(train_parts, None, validation_parts)
     if len(entries["test"]) > len(train_parts):
         raise PartitionError(f"{path}: test ids name {len(entries['test'])} clients but the train ids only "
                              f"{len(train_parts)}; give every client with test images train images too")
     padded = entries["test"] + [[] for _ in range(len(train_parts) - len(entries["test"]))]
-    return train_parts, _resolve(path, "test", padded, test, root, skipped["test"], where["test"])
+    return GivenSplit(train_parts, _resolve(path, "test", padded, test, root, skipped["test"], where["test"]), validation_parts)
 
 
 def count_clients(path: str) -> int:
@@ -86,10 +117,15 @@ def count_clients(path: str) -> int:
     return len(read_entries(path)["train"])
 
 
+def names_validation(path: str) -> bool:
+    """Whether a split file names validation images (JSON validation_ids, CSV lines of split validation)."""
+    return read_entries(path).get("validation") is not None
+
+
 def read_entries(path: str) -> dict:
-    """{"train": [[id, ...] per client], "test": [[id, ...] per client] or None, "skipped": {split: [id, ...]},
-    "where": {split: [[where, ...] per client] or None}} as the file gives them; where: a CSV entry's line number
-    (None: JSON, whose entries are named by their place, train_ids[k][j])."""
+    """{"train": [[id, ...] per client], "test": [[id, ...] per client] or None, "validation": the same or None,
+    "skipped": {split: [id, ...]}, "where": {split: [[where, ...] per client] or None}} as the file gives them; where:
+    a CSV entry's line number (None: JSON, whose entries are named by their place, train_ids[k][j])."""
     text = _read_text(path)
     if Path(path).suffix.lower() == ".csv":
         return _read_csv(path, text)
@@ -116,8 +152,12 @@ def read_entries(path: str) -> dict:
     if not isinstance(skipped, dict) or not all(isinstance(skipped.get(split, []), list) for split in SPLITS):
         raise PartitionError(f"{path}: 'skipped_ids' must map train and test to lists of image ids (the images left "
                              "out on purpose)")
+    validation = content.get("validation_ids")
+    if validation is not None and (not isinstance(validation, list) or not all(isinstance(ids, list) for ids in validation)):
+        raise PartitionError(f"{path}: 'validation_ids' must be a list of lists of image ids (one list per client)")
+    entries["validation"] = validation
     entries["skipped"] = {split: skipped.get(split, []) for split in SPLITS}
-    entries["where"] = {split: None for split in SPLITS}
+    entries["where"] = {split: None for split in (*SPLITS, "validation")}
     return entries
 
 
@@ -160,8 +200,8 @@ def _read_csv(path: str, text: str) -> dict:
         raise PartitionError(f"{path}:{first}: the first line must name the columns client and image (and optionally "
                              f"split), found {names}")
     col = {name: header.index(name) for name in ("client", "image", "split") if name in header}
-    by_split: dict[str, dict[int, list]] = {"train": {}, "test": {}}
-    lines: dict[str, dict[int, list]] = {"train": {}, "test": {}}
+    by_split: dict[str, dict[int, list]] = {"train": {}, "test": {}, "validation": {}}
+    lines: dict[str, dict[int, list]] = {"train": {}, "test": {}, "validation": {}}
     for number, row in rows[1:]:
         if not any(cell.strip() for cell in row):
             continue
@@ -169,22 +209,23 @@ def _read_csv(path: str, text: str) -> dict:
             raise PartitionError(f"{path}:{number}: expected {len(header)} columns ({', '.join(header)}), found {row}")
         client, image = row[col["client"]].strip(), row[col["image"]].strip()
         split = row[col["split"]].strip().lower() if "split" in col else "train"
-        if split not in SPLITS:
-            raise PartitionError(f"{path}:{number}: split {split!r} is neither train nor test")
+        if split not in by_split:
+            raise PartitionError(f"{path}:{number}: split {split!r} is none of train, test and validation")
         if not client.isdigit():
             raise PartitionError(f"{path}:{number}: client {client!r} is not a client id (0, 1, ...)")
         by_split[split].setdefault(int(client), []).append(image)
         lines[split].setdefault(int(client), []).append(number)
     if not by_split["train"]:
         raise PartitionError(f"{path}: lists no train image")
-    num_clients = max(max(by_split["train"]), max(by_split["test"], default=-1)) + 1
+    num_clients = max(max(by_split["train"]), max(by_split["test"], default=-1), max(by_split["validation"], default=-1)) + 1
     missing = [k for k in range(num_clients) if k not in by_split["train"]]
     if missing:
         raise PartitionError(f"{path}: client {missing[0]} has no train image (client ids run 0 .. {num_clients - 1}); "
                              "every client needs at least one")
-    lists = {split: [by_split[split].get(k, []) for k in range(num_clients)] for split in SPLITS}
-    where = {split: [lines[split].get(k, []) for k in range(num_clients)] for split in SPLITS}
+    lists = {split: [by_split[split].get(k, []) for k in range(num_clients)] for split in by_split}
+    where = {split: [lines[split].get(k, []) for k in range(num_clients)] for split in by_split}
     return {"train": lists["train"], "test": lists["test"] if by_split["test"] else None,
+            "validation": lists["validation"] if by_split["validation"] else None,
             "skipped": {split: [] for split in SPLITS}, "where": where}
 
 

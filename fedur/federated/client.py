@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +30,10 @@ class ClientState:
     optimizer_state: dict | None = None  # SGD momentum, kept across rounds only with optim.optimizer_state=client
     pseudo_labels: PseudoLabels | None = None
     extra: dict[str, Tensor] = field(default_factory=dict)  # the method's per-client state (pFedPrompt's cache)
+    validation_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # into the train split:
+    # its label-free validation images (data.validation_fraction), never trained on nor pseudo-labelled
+    label_free: dict[str, Any] = field(default_factory=dict)  # what label-free evaluation keeps between rounds
+    # (fedur/train/label_free.py): zero-shot CLIP's predictions on its estimate images, the model chosen so far
 
     def on(self, device: torch.device) -> ClientState:
         """A copy with its pieces and the method's `extra` tensors on `device`: what a pass over the client's
@@ -49,12 +54,15 @@ class ClientState:
             "optimizer_state": to_cpu(self.optimizer_state),
             "pseudo_labels": None if labels is None else vars(labels),
             "extra": {name: t.cpu() for name, t in self.extra.items()},
+            "validation_indices": torch.from_numpy(self.validation_indices),
+            "label_free": to_cpu(self.label_free),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved state; the data split must be the one it was made with."""
-        for name in ("train_indices", "test_indices"):
-            if not np.array_equal(state[name].numpy(), getattr(self, name)):
+        empty = torch.zeros(0, dtype=torch.long)  # a checkpoint from before validation splits had none
+        for name in ("train_indices", "test_indices", "validation_indices"):
+            if not np.array_equal(state.get(name, empty).numpy(), getattr(self, name)):
                 raise ClientStateError(
                     f"client {self.client_id}: its {name} differ from the checkpoint's; the dataset or its "
                     "split changed since the run started (dataset.root contents, fractions, partition)"
@@ -69,6 +77,7 @@ class ClientState:
         labels = state["pseudo_labels"]
         self.pseudo_labels = None if labels is None else PseudoLabels(**labels)
         self.extra = dict(state["extra"])
+        self.label_free = dict(state.get("label_free") or {})
 
 
 def check_tensors(state: dict, what: str) -> None:

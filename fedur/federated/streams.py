@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 _DATA_ORDER, _PARTICIPATION, _NOISE = 1, 2, 3
+_VALIDATION = 6  # a client's label-free validation split (data.validation_fraction)
 NOISE_PIECES, NOISE_ESTIMATES, NOISE_SELECTED, NOISE_CLIP_COUNT = 1, 2, 3, 4  # what a privacy noise stream noises
 SERVER = -1  # the stream of the server's own noise (central privacy), in place of a client id
 _LOCAL_STEP = 4  # a method's own randomness in a client's local step (DP-FPL's test matrix and noise)
@@ -84,3 +85,17 @@ def chosen(num_clients: int, count: int, seed: int, what: int = ATTACKERS) -> li
 def attack_generator(seed: int, client_id: int, round_idx: int) -> torch.Generator:
     """The stream of an attacker's garbage (adversary.attack gaussian) in round `round_idx`."""
     return torch.Generator().manual_seed(_seed(seed, _SYSTEM, ATTACK_NOISE, round_idx, client_id))
+
+
+def validation_count(num_train: int, fraction: float) -> int:
+    """How many of a client's `num_train` train images data.validation_fraction sets aside: round(fraction x n), at
+    least one when the fraction is above 0 (0 when it is 0)."""
+    return 0 if fraction == 0 or num_train == 0 else max(1, int(fraction * num_train + 0.5))
+
+
+def validation_positions(seed: int, client_id: int, num_train: int, count: int) -> np.ndarray:
+    """(count,) int64 sorted positions among client `client_id`'s `num_train` train images that form its label-free
+    validation split: drawn without replacement from the client's own stream, the same whichever rank hosts it and
+    whatever the other clients hold."""
+    rng = np.random.default_rng(_seed(seed, _VALIDATION, client_id))
+    return np.sort(rng.permutation(num_train)[:count]).astype(np.int64)

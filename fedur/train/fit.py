@@ -19,7 +19,7 @@ from fedur.federated.placement import placement_table
 from fedur.launch_env import Startup, software_environment
 from fedur.privacy import Federation, Privacy, build
 from fedur.privacy.releases import secret_seed
-from fedur.train import checkpoint
+from fedur.train import checkpoint, label_free
 from fedur.train.evaluate import evaluate_zero_shot
 from fedur.train.host import Host
 from fedur.train.module import Optimization, PromptTuner
@@ -83,8 +83,10 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     state = RunState(server, channel=plan.channel, secret_seed=host.secret_seed)
     if saved is None:
         with startup.timing("zero_shot"):
-            counts, held_out = evaluate_zero_shot(host)
-        recorder.record_zero_shot(counts, host.training, held_out)
+            seen = label_free.Seen()
+            counts, held_out = evaluate_zero_shot(host, seen)
+            zero_shot = label_free.zero_shot(host, seen, host.label_free)  # its estimates without labels, calibration
+        recorder.record_zero_shot(counts, host.training, held_out, zero_shot)
     else:
         state.load_state_dict(saved)
         host.secret_seed = state.secret_seed
@@ -180,8 +182,13 @@ def finish(host: Host, cfg: Config, run_dir: RunDir, recorder: Recorder, state: 
         adaptation = replace(plan.optim, local_epochs=epochs, refresh_every=1, cosine_epochs=None, warmup_epochs=0)  # one cosine cycle
         recorder.record_adapted(adapt_new_clients(host, labeller, adaptation, cfg.evaluation.new_client_labels == "zero_shot",
                                                   plan.train_sizes, plan.rounds, plan.train_labels), host.training)
+    training = torch.nonzero(host.training).flatten().tolist()
+    without_labels = label_free.summary(recorder.rounds, recorder.zero_shot, host.label_free, training)
+    if "label_free_choice" in without_labels and recorder.rounds:  # each client's chosen model, by the rank hosting it
+        label_free.check_and_save_choice(host, without_labels["label_free_choice"], run_dir.path("prompts/chosen"))
     host.collectives.close()
     checkpoint.save_prompts(run_dir.path("prompts"), state.server.shared, host.clients, write_shared=fabric.is_global_zero)
+    recorder.record_reliability()
     if plan.train_labels is None or not recorder.test_labels:  # data without labels: what the model says per image
         write_predictions(host, run_dir.path("predictions"), cfg.dataset.root)
     wall_seconds = wall()
@@ -192,7 +199,7 @@ def finish(host: Host, cfg: Config, run_dir: RunDir, recorder: Recorder, state: 
         "num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,
         "dataset": host.dataset.name, "method": method.key, "labeller": None if labeller is None else labeller.key,
         "skipped_images": recorder.skipped, "train_labels": plan.train_labels is not None, "test_labels": recorder.test_labels,
-        **domains, **plan.channel.summary(recorder.rounds),
+        **domains, **plan.channel.summary(recorder.rounds), **without_labels, "template": host.dataset.template,
         "environment": software_environment(fabric.device)})
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from torch import Tensor
 
 from fedur.data.images import ImageDataset
 from fedur.data.loaders import ImageLoader, in_batches
+from fedur.evaluation.estimators import DEFAULT as DEFAULT_ESTIMATOR
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.methods import forward
@@ -33,6 +34,7 @@ UNLABELLED = -1  # the label `predict` gives an image of a split without labels
 # `predict`'s `also`: called with (the client, its (b, C) logits of a batch on the device, their image features (b, D)
 # where the method's logits are the base's (else None), the images' positions among the client's own, their labels)
 Also = Callable[[ClientState, Tensor, "Tensor | None", Tensor, Tensor], None]
+Model = tuple[ClientState, Any]  # `predict`'s `model_of`: a client holding a model's pieces on the device, its text side
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,15 @@ class LocalWork:
     seed: int  # run.seed: every client's data order derives from it
     log_every_n_steps: int = 0  # print the training loss every n optimizer steps (0: never)
     clients_per_step: int = 1  # clients of a group run in one batch (fixed groups of consecutive ids)
+
+
+@dataclass(frozen=True)
+class LabelFreeSettings:
+    """What label-free evaluation is asked to do (fedur/train/label_free.py; plain values from the config)."""
+
+    validation: bool = False  # the clients hold a label-free validation split (data.validation_fraction, a split file)
+    estimator: str = DEFAULT_ESTIMATOR  # evaluation.estimator: the round line's and the choice's
+    select: bool = False  # evaluation.select label_free: keep the model the estimator rates highest
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class Host:
     # global protocol (the lowest id among the training clients holding it), -1 for a row none holds (setup.py)
     held_out: list[HeldOutSet] = field(default_factory=list)  # evaluation.base_to_novel's novel classes, a held-out domain
     secret_seed: int | None = None  # the run's secret seed, where it draws secret noise (fedur/train/fit.py)
+    label_free: LabelFreeSettings = field(default_factory=LabelFreeSettings)  # estimates, choice (train/label_free.py)
 
     def __post_init__(self) -> None:
         if self.training is None:
@@ -119,8 +131,8 @@ class Host:
 
     @torch.no_grad()
     def predict(
-        self, split: Literal["train", "test"], zero_shot: bool = False, desc: str | None = None,
-        clients: list[ClientState] | None = None, also: Also | None = None,
+        self, split: Literal["train", "test", "validation"], zero_shot: bool = False, desc: str | None = None,
+        clients: list[ClientState] | None = None, also: Also | None = None, model_of: Model | None = None,
     ) -> dict[int, tuple[Tensor, Tensor]]:
         """Each hosted client's (logits (n_k, C) float32 on CPU, true labels (n_k,), UNLABELLED (-1) where the split
         has none: the train split never has, fedur/train/setup.py) over its own images of
@@ -128,16 +140,20 @@ class Host:
         of several clients goes through the loader and the grouped forward together. With `desc`, rank 0
         shows the progress over units and batches. `clients`: only these of the hosted ones (default: every one).
         `also`: called with every client's part of every batch (fedur/train/evaluate.py scores the server's model
-        on the same image features)."""
+        on the same image features). `split` "validation": the client's label-free validation images (train images it
+        never trains on, without labels). `model_of`: (a client holding the pieces and method state to score with on
+        the device, its text side): every client's images scored with that model instead of its own (the server's)."""
         out = {}
         units = self.units(clients) if desc is None else self.progress.iterate(self.units(clients), desc)
         for unit in units:
-            out.update(self._predict_unit(unit, split, zero_shot, desc is not None, also))
+            out.update(self._predict_unit(unit, split, zero_shot, desc is not None, also, model_of))
         return out
 
     def _predict_unit(self, unit: list[ClientState], split: str, zero_shot: bool, show: bool,
-                      also: Also | None) -> dict[int, tuple[Tensor, Tensor]]:
-        indices = [c.train_indices if split == "train" else c.test_indices for c in unit]
+                      also: Also | None, model_of: Model | None = None) -> dict[int, tuple[Tensor, Tensor]]:
+        indices = [{"train": c.train_indices, "test": c.test_indices, "validation": c.validation_indices}[split] for c in unit]
+        own_rows = split == "train" and model_of is None  # positions among the client's train images, for its own model
+        split = "train" if split == "validation" else split  # its images and (absent) labels are the train split's
         sizes = torch.tensor([len(i) for i in indices], device="cpu")
         owners = torch.repeat_interleave(torch.arange(len(unit), device="cpu"), sizes)  # (n,) the unit's client of each image
         positions = torch.cat([torch.arange(len(i), device="cpu") for i in indices])  # (n,) its position among its client's
@@ -150,12 +166,13 @@ class Host:
             who = f"client {unit[0].client_id}" if len(unit) == 1 else f"clients {unit[0].client_id}-{unit[-1].client_id}"
             batches = self.progress.iterate(batches, f"{who} batches", total=len(plan))
         model, method, device = self.model, self.method, self.fabric.device
-        on_device = [c.on(device) for c in unit]  # the clients' pieces and method state, moved once per pass
+        on_device = [c.on(device) for c in unit] if model_of is None else [model_of[0]] * len(unit)  # moved once per pass
         features_first = also is not None and not zero_shot and forward.default_logits(method)
         logits: list[list[Tensor]] = [[] for _ in unit]
         labels: list[list[Tensor]] = [[] for _ in unit]
         with self.fabric.autocast():
-            texts = [None] * len(unit) if zero_shot else forward.text_sides(method, model, [c.pieces for c in on_device])
+            texts = [None] * len(unit) if zero_shot else forward.text_sides(method, model, [c.pieces for c in on_device]) \
+                if model_of is None else [model_of[1]] * len(unit)
             for images, batch in batches:
                 images = self.fabric.to_device(images)
                 present, counts = torch.unique_consecutive(owners[batch], return_counts=True)
@@ -168,7 +185,7 @@ class Host:
                     parts = forward.scores(model, features, [texts[i] for i in k], counts)
                     features = features.split(counts)
                 else:
-                    batch_rows = self.fabric.to_device(positions[batch]).split(counts) if split == "train" else [None] * len(k)
+                    batch_rows = self.fabric.to_device(positions[batch]).split(counts) if own_rows else [None] * len(k)
                     parts = forward.group_logits(method, model, list(images.split(counts)), [on_device[i].pieces for i in k],
                                                  [texts[i] for i in k], [on_device[i] for i in k], list(batch_rows))
                 own = positions[batch].split(counts)  # each present client's images: their positions among its own

@@ -29,7 +29,7 @@ from torch import Tensor
 from fedur.federated.placement import placement_lines
 from fedur.metrics import accuracies, best, fmt, harmonic_mean, mean, pooled
 from fedur.train.progress import QUIET, Progress, eta_seconds, format_duration
-from fedur.train.round_fields import ADAPTED, CONFIG, CONFUSION, FIELD, HPARAMS, PARTITION, VIRTUAL_TIME, round_line
+from fedur.train.round_fields import ADAPTED, CONFIG, CONFUSION, FIELD, HPARAMS, PARTITION, RELIABILITY, VIRTUAL_TIME, round_line
 from fedur.train.round_fields import scalars as row_scalars
 from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir, writing
 from fedur.train.sinks import Sink, TensorBoard
@@ -40,6 +40,22 @@ def heatmap(*args, **kwargs):
     from fedur.plots import heatmap as draw
 
     return draw(*args, **kwargs)
+
+
+def zero_shot_label_free(found: dict | None, training: Tensor) -> dict:
+    """zero_shot.json's label-free entries: zero-shot CLIP's estimated accuracy per client ({estimator: [K] %}), and
+    with test labels its expected calibration error per client and its reliability bins pooled over the training
+    clients."""
+    if found is None:
+        return {}
+    from fedur.evaluation.calibration import ece
+
+    out = {} if found["estimates"] is None else {"zero_shot_estimated_accuracy": found["estimates"]}
+    per_client = [ece(bins) for bins in found["bins"]]
+    if any(e is not None for e in per_client):
+        out["zero_shot_ece"] = per_client
+        out["zero_shot_calibration_bins"] = found["bins"][training].sum(dim=0).tolist()
+    return out
 
 
 def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accuracy: bool = True) -> str:
@@ -202,9 +218,11 @@ class Recorder:
             self.note("no test labels: test accuracy (per client and mean), the confusion matrix and the zero-shot "
                       "accuracy are not reported; each client's predictions per image are written to predictions/")
 
-    def record_zero_shot(self, counts: Tensor, training: Tensor | None = None, held_out: dict[str, Tensor] | None = None) -> None:
+    def record_zero_shot(self, counts: Tensor, training: Tensor | None = None, held_out: dict[str, Tensor] | None = None,
+                         label_free: dict | None = None) -> None:
         """zero_shot.json from every client's (K, 2) counts with zero-shot CLIP; the means cover the `training`
-        clients ((K,) bool; None: all), the new clients' (evaluation.new_clients) come apart."""
+        clients ((K,) bool; None: all), the new clients' (evaluation.new_clients) come apart. `label_free`
+        (fedur/train/label_free.py::zero_shot): its estimated accuracies and, with test labels, its calibration."""
         training = torch.ones(len(counts), dtype=torch.bool, device="cpu") if training is None else training
         per_client = accuracies(counts)
         new = [per_client[k] for k in torch.nonzero(~training).flatten().tolist()]
@@ -215,6 +233,7 @@ class Recorder:
             "zero_shot_global": pooled(counts[training]),
             **({"zero_shot_new_clients": mean(new)} if new else {}),
             **({"zero_shot_held_out": {name: accuracies(c.view(1, 2))[0] for name, c in held_out.items()}} if held_out else {}),
+            **zero_shot_label_free(label_free, training),
         }
         self._write_json(ZERO_SHOT, self.zero_shot)
         if self.test_labels:
@@ -224,7 +243,9 @@ class Recorder:
                 + "".join(f", {name} {fmt(acc)}%" for name, acc in self.zero_shot.get("zero_shot_held_out", {}).items())
             )
         before = {"mean_accuracy": self.zero_shot["zero_shot_client_mean"], "client_accuracy": per_client,
-                  "held_out_accuracy": self.zero_shot.get("zero_shot_held_out", {})}  # zero-shot CLIP as a round's fields
+                  "held_out_accuracy": self.zero_shot.get("zero_shot_held_out", {}),  # zero-shot CLIP as a round's fields
+                  "estimated_accuracy": {"zero_shot": self.zero_shot.get("zero_shot_estimated_accuracy")},
+                  "ece": {"zero_shot": self.zero_shot.get("zero_shot_ece")}}
         self._scalars(row_scalars(before), step=0)
 
     def record_round(self, row: dict) -> None:
@@ -274,6 +295,23 @@ class Recorder:
             series["global"] = (clock, [self.zero_shot.get("zero_shot_global")] + [r.get("global_accuracy") for r in rounds])
         self._figure(lambda: line_plot(series, "accuracy against virtual time", "virtual seconds", "accuracy (%)",
                                        integer_x=False), VIRTUAL_TIME, len(self.rounds), "accuracy_virtual_time.png")
+
+    def record_reliability(self) -> None:
+        """reliability.png (and TensorBoard's calibration/reliability image): the last round's personal models (their
+        test images pooled over the training clients), the server's model and zero-shot CLIP, with their ECE."""
+        bins = self.rounds[-1].get("calibration_bins") if self.rounds else None
+        if bins is None or not self.test_labels:
+            return
+        from fedur.evaluation.calibration import ece, reliability
+        from fedur.plots import reliability_diagram
+
+        found = {"personal models": bins["personal"], "server's model": bins.get("server"),
+                 "zero-shot CLIP": self.zero_shot.get("zero_shot_calibration_bins")}
+        models = {f"{name} (ECE {fmt(ece(torch.tensor(b)))})": reliability(torch.tensor(b)) for name, b in found.items()
+                  if b is not None and ece(torch.tensor(b)) is not None}
+        step = len(self.rounds)
+        self._figure(lambda: reliability_diagram(models, f"reliability after round {step}"), RELIABILITY, step,
+                     file="reliability.png")
 
     def record_confusion(self, per_client: Tensor, classnames: list[str]) -> None:
         """confusion.json and a heatmap of the (C, C) confusion matrix [true, predicted], summed over the

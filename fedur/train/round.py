@@ -68,7 +68,7 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
     clock.lap("aggregate")
 
     evaluation = evaluate_round(host, state.server, with_confusion=round_idx == plan.rounds - 1,
-                                global_model=plan.global_model)
+                                global_model=plan.global_model, round_idx=round_idx)
     losses = host.gather(local_losses, like=torch.zeros(4, dtype=torch.float64, device="cpu"), what="local losses")
     clock.lap("evaluate")
 
@@ -83,6 +83,7 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
         privacy=channel.round_record(), arrivals=drawn.arrivals,
         trained=drawn.weights > 0 if method.trains else None, kept_global=channel.kept_global(drawn.arrivals),
         virtual_clock=state.virtual_seconds, poisoned=channel.adversary.accepted(drawn.arrivals.accepted),
+        label_free=evaluation.label_free,
     )
 
 

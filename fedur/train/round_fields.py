@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from fedur.metrics import fmt, mean
 
-How = Literal["value", "mean", "sum", "count", "so far", "per client", "per class", "per name"]
+How = Literal["value", "mean", "sum", "count", "so far", "per client", "per class", "per name", "mean per name"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,8 @@ class Scalars:
 
     how: "value" as it is; "mean" over the clients that have one; "sum" over the clients (none if a client has
     none); "count" of the ids; "so far" the sums of this and every earlier round of the run; "per client",
-    "per class" one tag per entry of a list; "per name" one per key of a dict."""
+    "per class" one tag per entry of a list; "per name" one per key of a dict; "mean per name" one per key of a dict,
+    a list's mean over the clients that have a value (a text is left out)."""
 
     tag: str
     how: How = "value"
@@ -50,7 +51,10 @@ class Scalars:
         if self.how in ("per client", "per class"):
             mark = "XXX" if self.how == "per client" else "CCC"
             return {self.tag.replace(mark, f"{i:03d}"): v for i, v in enumerate(value or [])}
-        return {self.tag.replace("NAME", name.replace(":", "_")): v for name, v in flat(value or {}).items()}
+        named = flat(value or {})
+        if self.how == "mean per name":
+            named = {name: mean(v) if isinstance(v, list) else v for name, v in named.items() if not isinstance(v, str)}
+        return {self.tag.replace("NAME", name.replace(":", "_")): v for name, v in named.items()}
 
 
 def flat(named: dict, prefix: str = "") -> dict[str, Any]:
@@ -132,6 +136,13 @@ def _count(ids: list[int] | None) -> str:
     return str(len(ids or []))
 
 
+def _estimated(value: dict | None, row: dict) -> list[str]:
+    """The estimator's mean over the clients of their personal models' estimated accuracy (no labels needed)."""
+    estimator = (value or {}).get("estimator")
+    found = mean(((value or {}).get("personal") or {}).get(estimator) or [])
+    return [] if found is None else [f"est {fmt(found)}% ({estimator})"]
+
+
 def _held_out(name: str) -> str:
     if name == "novel":
         return "the server's model on the novel classes, with their names"
@@ -181,6 +192,23 @@ FIELDS: tuple[Field, ...] = (
     Field("base_novel_harmonic", "the harmonic mean of the personal (base) and the novel accuracy",
           tensorboard=(Scalars("accuracy/base_novel_harmonic"),),
           protocol=Protocol("base-novel harmonic", "harmonic mean of personal (base) and novel")),
+    Field("estimated_accuracy", 'each client\'s accuracy estimated without labels (%), on its validation split '
+          '(data.validation_fraction) or else its test images\' logits: {"estimator": evaluation.estimator, "personal": '
+          '{estimator: [K]}, "server": {estimator: [K]} or None}; None without estimate images (no test labels, no '
+          'validation split); docs/label-free.md',
+          tensorboard=(Scalars("estimate/NAME", "mean per name"),), line=_estimated,
+          report="the label-free tables (each estimator's error; the label-free choice)"),
+    Field("server_client_accuracy", "the server's model's accuracy on each client's own test set (%), where it is "
+          "free (the server's model shares the personal pass) or a validation split asks for it; else None",
+          tensorboard=(Scalars("accuracy/server_client_XXX", "per client"),)),
+    Field("ece", 'expected calibration error (%, 15 equal-width bins) where labels exist: {"personal": [K], "server": '
+          'the server\'s model on the training clients\' test images together}; else None',
+          tensorboard=(Scalars("calibration/ece_NAME", "mean per name"),),
+          line=lambda v, row: [] if v is None or mean(v["personal"]) is None else [f"ece {fmt(mean(v['personal']))}"],
+          labelled=True, report="the calibration table, reliability.png"),
+    Field("calibration_bins", 'the reliability diagram\'s 15 bins [images, correct, confidence sum x 2^32] of the '
+          'personal models (pooled over the training clients) and of the server\'s: {"personal", "server"}; None '
+          'without test labels', report="reliability.png (the last round)"),
     Field("pseudo_label_accuracy", "each client's selected pseudo-labels against the held-back train labels (%): "
           "monitoring only, never used for training; None without train labels or a labeller",
           tensorboard=(Scalars("pseudo_labels/accuracy_mean", "mean"), Scalars("pseudo_labels/accuracy_client_XXX", "per client")),
@@ -266,8 +294,9 @@ HPARAMS = ("final_mean_accuracy", "best_mean_accuracy", "zero_shot_client_mean")
 PARTITION = "partition/NAME"  # images of the split: train and test, step 0
 CONFUSION = "confusion/final"  # image: the final model's confusion matrix, step R
 VIRTUAL_TIME = "accuracy/virtual_time"  # image: accuracy against the virtual clock, step R
+RELIABILITY = "calibration/reliability"  # image: the last round's reliability diagram, step R
 CONFIG = "config"  # text: the resolved settings, step 0
-OTHER_TAGS = (ADAPTED, *(f"hparams/{key}" for key in HPARAMS), PARTITION, CONFUSION, VIRTUAL_TIME, CONFIG)
+OTHER_TAGS = (ADAPTED, *(f"hparams/{key}" for key in HPARAMS), PARTITION, CONFUSION, VIRTUAL_TIME, RELIABILITY, CONFIG)
 
 
 def scalars(row: dict, earlier: Sequence[dict] = ()) -> dict[str, float | None]:

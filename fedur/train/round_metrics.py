@@ -11,8 +11,10 @@ from torch import Tensor
 
 from fedur.data.datasets import ImageDataset
 from fedur.data.partition import client_domains
+from fedur.evaluation.calibration import ece
 from fedur.federated.clock import Arrivals
 from fedur.metrics import accuracies, harmonic_mean, mean, pooled
+from fedur.train.label_free import LabelFree
 from fedur.train.refresh import Refresh
 from fedur.train.round_fields import undeclared
 
@@ -46,6 +48,7 @@ class RoundOutcome:
     kept_global: bool = False  # fewer uploads than clock.min_uploads: the global state stayed
     virtual_clock: float = 0.0  # the run's virtual seconds after this round
     poisoned: list[int] | None = None  # the attackers whose upload the round took
+    label_free: LabelFree | None = None  # the estimates without labels and the calibration (fedur/train/label_free.py)
 
 
 def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
@@ -108,6 +111,7 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
         "method": outcome.method_metrics or {},  # the method's own metrics of the round (Aggregated.metrics)
         **(outcome.privacy or {}),  # privacy on: "epsilon" (at "delta") spent so far, "clip" (and per client, local)
         **(answers(outcome.arrivals, outcome) if outcome.arrivals is not None else {}),
+        **label_free_fields(outcome.label_free, training),
     }
     if undeclared(row):  # internal: a key without its declaration (what it is, where it is shown)
         raise RuntimeError(f"metrics.jsonl keys {undeclared(row)} are not declared in fedur/train/round_fields.py")
@@ -136,6 +140,27 @@ def answers(arrivals: Arrivals, outcome: RoundOutcome) -> dict:
         "deadline_seconds": arrivals.deadline_seconds,
         "client_virtual_seconds": [round(float(t), 6) if a else None for t, a in zip(arrivals.seconds, arrivals.asked.tolist())],
         "local_steps": [int(b) if a else None for b, a in zip(arrivals.budget, arrivals.asked.tolist())],
+    }
+
+
+def label_free_fields(found: LabelFree | None, training: Tensor) -> dict:
+    """The round's estimates without labels ({model: {estimator: [K] %}}; None where the clients have no estimate
+    images: no test labels and no validation split), the server's model's accuracy on each client's test set, and
+    where labels exist the expected calibration error of each client's model and of the server's, with the bins of
+    the reliability diagram (the personal models' pooled over the training clients). None each without `found`."""
+    if found is None:
+        return dict.fromkeys(("estimated_accuracy", "server_client_accuracy", "ece", "calibration_bins"))
+    estimates = {"estimator": found.estimator, **found.estimates} if any(v is not None for v in found.estimates.values()) \
+        else None
+    personal_ece = [ece(bins) for bins in found.personal_bins]
+    labelled = any(e is not None for e in personal_ece)
+    return {
+        "estimated_accuracy": estimates,
+        "server_client_accuracy": None if found.server_counts is None else accuracies(found.server_counts),
+        "ece": {"personal": personal_ece, "server": None if found.server_bins is None else ece(found.server_bins)}
+        if labelled else None,
+        "calibration_bins": {"personal": found.personal_bins[training].sum(dim=0).tolist(),
+                             "server": None if found.server_bins is None else found.server_bins.tolist()} if labelled else None,
     }
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from fedur.config import DIGEST, FILE_SETTINGS, GROUPS, file_digest, plugin_described, renamed
 from fedur.errors import FedurError
+from fedur.evaluation.estimators import DEFAULT as DEFAULT_ESTIMATOR
 from fedur.train import checkpoint
 
 LAYOUT: dict[str, str] = {
@@ -37,9 +38,10 @@ LAYOUT: dict[str, str] = {
     "partition_test.png": "client x class heatmap of the test split",
     "zero_shot.json": "zero-shot CLIP per client and on the whole test set",
     "confusion.json": "the final round's confusion matrix",
+    "reliability.png": "the last round's reliability diagram: personal models, the server's, zero-shot CLIP (with test labels)",
     "accuracy_virtual_time.png": "accuracy against the virtual clock (clock.speeds, deadline, drop_rate ...)",
     "tensorboard": "TensorBoard events",
-    "prompts": "the final prompts: global.pt and client_XXX.pt",
+    "prompts": "the final prompts: global.pt and client_XXX.pt; chosen/client_XXX.pt, each client's label-free choice",
     "predictions": "data without labels: each client's predicted class per image, client_XXX.csv",
     checkpoint.CHECKPOINTS: "a committed checkpoint after each round",
     "fedur.lock": "the run's owner: held (locked) by the process running it; who that is (pid, host, start)",
@@ -186,6 +188,9 @@ ADDED_SETTINGS = {
     "optim.warmup_epochs": 0,
     "optim.warmup_lr": 1e-5,
     "privacy.mode": "none",
+    "data.validation_fraction": 0.0,
+    "evaluation.select": "none",
+    "evaluation.estimator": DEFAULT_ESTIMATOR,
     **{f"{group}.{f.name}": f.default for group in ("clock", "adversary", "aggregator")  # clients that drop, lag,
        for f in fields(GROUPS[group])},  # misbehave, and the aggregator: their defaults
 }

@@ -20,10 +20,11 @@ from fedur.errors import FedurError
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
+from fedur.federated.streams import validation_count, validation_positions
 from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
-from fedur.train.host import HeldOutSet, Host, LocalWork
+from fedur.train.host import HeldOutSet, Host, LabelFreeSettings, LocalWork
 from fedur.train.module import PromptTuner
 from fedur.train.progress import Progress
 
@@ -73,16 +74,18 @@ def setup(
         test_parts = test_parts if rows is None else [rows[part] for part in test_parts]
         shared_test = fed.partition == "clients" and dataset.test.clients is None
     else:
-        train_parts, shared_test = keep_rows(given[0], loading.train_kept), given[1] is None
+        train_parts, shared_test = keep_rows(given.train, loading.train_kept), given.test is None
         test_parts = [np.arange(len(dataset.test), dtype=np.int64)] * len(train_parts) if shared_test \
-            else keep_rows(given[1], loading.test_kept)
+            else keep_rows(given.test, loading.test_kept)
     if fed.partition in ("clients", "file"):  # fedur's own splits keep min_train_per_client; these come as given
         emptied = [k for k, part in enumerate(train_parts) if len(part) == 0]
         if emptied:
             raise PartitionError(f"client(s) {', '.join(map(str, emptied))} have no train image left once the "
                                  f"unreadable ones were skipped (data.corrupt_images: skip); fix or remove those "
                                  f"images, or drop the client from the split")
-    record = partition_record(dataset, train_parts, test_parts, shared_test, cfg.dataset.root)
+    named = None if given is None or given.validation is None else keep_rows(given.validation, loading.train_kept)
+    train_parts, validation_parts = set_aside(train_parts, named, d.validation_fraction, cfg.run.seed)
+    record = partition_record(dataset, train_parts, test_parts, shared_test, cfg.dataset.root, validation_parts)
     if loading.skipped:  # so that this run's partition.json replays: the images it left out, by their ids
         record["skipped_ids"] = {split: left_out_ids(data, kept, cfg.dataset.root)
                                  for split, data, kept in zip(("train", "test"), raw, (loading.train_kept, loading.test_kept))}
@@ -100,7 +103,9 @@ def setup(
                          f"model.visual_tokens={cfg.model.visual_tokens}")
     model.zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)  # after the move
     local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank, cfg.run.clients_per_step)
-    clients = [ClientState(k, train_parts[k], test_parts[k], dict(start)) for k in local_ids]
+    clients = [ClientState(k, train_parts[k], test_parts[k], dict(start),
+                           **({} if validation_parts is None else {"validation_indices": validation_parts[k]}))
+               for k in local_ids]
     work = LocalWork(optim.batch_size, optim.eval_batch_size, cfg.run.seed, cfg.run.log_every_n_steps,
                      cfg.run.clients_per_step)
     images = ImageLoader({"train": dataset.train, "test": dataset.test}, loading.transform, d.num_workers,
@@ -111,7 +116,31 @@ def setup(
                        if h.classnames != dataset.classnames else model) for h in held_out]
     host = Host(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start, training,
                 test_owners, held)
+    host.label_free = LabelFreeSettings(validation_parts is not None, cfg.evaluation.estimator,
+                                        cfg.evaluation.select == "label_free")
     return host, truth, loading.skipped
+
+
+def set_aside(train_parts: Parts, named: Parts | None, fraction: float, seed: int) -> tuple[Parts, Parts | None]:
+    """(each client's train rows, each client's label-free validation rows or None): the split file's `named`
+    validation rows where it gives them, else data.validation_fraction of each client's train rows drawn from its own
+    stream (`streams.validation_positions`: the same whichever rank hosts it), the rest kept in their order. Raises a
+    PartitionError when a client would keep no train image."""
+    if named is not None:
+        return train_parts, named
+    if fraction == 0:
+        return train_parts, None
+    kept, validation = [], []
+    for k, part in enumerate(train_parts):
+        count = validation_count(len(part), fraction)
+        if count >= len(part):
+            raise PartitionError(f"data.validation_fraction={fraction:g} sets all {len(part)} train image(s) of client {k} "
+                                 f"aside for validation, leaving it none to train on; lower data.validation_fraction")
+        aside = np.zeros(len(part), dtype=bool)
+        aside[validation_positions(seed, k, len(part), count)] = True
+        kept.append(part[~aside])
+        validation.append(part[aside])
+    return kept, validation
 
 
 def owners_of(test_parts: Parts, training, num_test: int) -> np.ndarray:
@@ -125,13 +154,20 @@ def owners_of(test_parts: Parts, training, num_test: int) -> np.ndarray:
 
 
 def partition_record(
-    dataset: ImageDataset, train_parts: Parts, test_parts: Parts, shared_test: bool, root: str | None
+    dataset: ImageDataset, train_parts: Parts, test_parts: Parts, shared_test: bool, root: str | None,
+    validation_parts: Parts | None = None,
 ) -> dict:
     """partition.json: the class names; each client's (K, C) class counts of its train and test images (null
     without labels); each client's train and test image ids (`fedur.data.split_file`: paths relative to
     dataset.root, or indices; test_ids null when every client is tested on the whole test set), which
-    federation.partition=file reads back; and the clients' names when the data brings its own clients."""
+    federation.partition=file reads back; and the clients' names when the data brings its own clients. With a
+    label-free validation split, its class counts (monitoring only), sizes and ids too."""
     train, test, num_classes = dataset.train, dataset.test, dataset.num_classes
+    validation = {} if validation_parts is None else {
+        "validation": _listed(class_histogram(train.labels, validation_parts, num_classes)),
+        "validation_sizes": [len(part) for part in validation_parts],
+        "validation_ids": part_ids(validation_parts, image_ids(train, root)),
+    }
     return {
         "classnames": dataset.classnames,
         "train": _listed(class_histogram(train.labels, train_parts, num_classes)),
@@ -141,6 +177,7 @@ def partition_record(
         "client_names": dataset.client_names,
         "train_ids": part_ids(train_parts, image_ids(train, root)),
         "test_ids": None if shared_test else part_ids(test_parts, image_ids(test, root)),
+        **validation,
     }
 
 

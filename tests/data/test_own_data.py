@@ -117,11 +117,11 @@ def test_split_file_json_and_csv_read_back(tmp_path):
     parts = [np.array([4, 0, 2]), np.array([1, 3, 5])]
     given = {"train_ids": part_ids(parts, ids), "test_ids": [[0, 3], [2, 1]]}
     assert given["train_ids"][0] == ["img_4.png", "img_0.png", "img_2.png"]
-    got_train, got_test = read_split_file(write(tmp_path / "s.json", given), train, test, str(tmp_path / "data"))
+    got_train, got_test, _ = read_split_file(write(tmp_path / "s.json", given), train, test, str(tmp_path / "data"))
     assert [p.tolist() for p in got_train] == [[4, 0, 2], [1, 3, 5]] and [p.tolist() for p in got_test] == [[0, 3], [2, 1]]
     csv = "client,image,split\n1,img_1.png,train\n0,img_0.png,train\n1,img_5.png,train\n0,img_2.png,train\n" \
           "0,img_3.png,train\n0,img_4.png,train\n"
-    got_train, got_test = read_split_file(write(tmp_path / "s.csv", csv), train, test, str(tmp_path / "data"))
+    got_train, got_test, _ = read_split_file(write(tmp_path / "s.csv", csv), train, test, str(tmp_path / "data"))
     assert [p.tolist() for p in got_train] == [[0, 2, 3, 4], [1, 5]] and got_test is None  # no test lines: shared
     assert count_clients(str(tmp_path / "s.csv")) == 2
     assert [p.tolist() for p in keep_rows([np.array([4, 0, 2])], np.array([0, 1, 4, 5]))] == [[2, 0]]  # row 2 skipped
@@ -218,12 +218,12 @@ def test_a_csv_with_a_byte_order_mark_and_skipped_ids_read_back(tmp_path):
     train, test = splits(root=tmp_path)
     (tmp_path / "bom.csv").write_bytes("client,image\n0,img_0.png\n0,img_1.png\n1,img_2.png\n1,img_3.png\n"
                                        "1,img_4.png\n1,img_5.png\n".encode("utf-8-sig"))  # as Excel saves it
-    parts, shared = read_split_file(str(tmp_path / "bom.csv"), train, test, str(tmp_path))
+    parts, shared, _ = read_split_file(str(tmp_path / "bom.csv"), train, test, str(tmp_path))
     assert [p.tolist() for p in parts] == [[0, 1], [2, 3, 4, 5]] and shared is None
     # a run that skipped unreadable images lists them apart, so that its partition.json replays
     skipped = write(tmp_path / "p.json", {"train_ids": [["img_0.png"], ["img_2.png", "img_5.png"]],
                                           "skipped_ids": {"train": ["img_1.png", "img_3.png", "img_4.png"], "test": []}})
-    parts, _ = read_split_file(skipped, train, test, str(tmp_path))
+    parts, _, _ = read_split_file(skipped, train, test, str(tmp_path))
     assert [p.tolist() for p in parts] == [[0], [2, 5]]
     twice = write(tmp_path / "q.json", {"train_ids": [["img_0.png", "img_1.png"], ["img_2.png", "img_5.png"]],
                                         "skipped_ids": {"train": ["img_1.png", "img_3.png", "img_4.png"]}})

@@ -297,7 +297,7 @@ def test_a_partition_file_that_is_a_directory_says_so(tmp_path):
 
 @pytest.mark.parametrize("name, content, where", [
     ("s.csv", "client,image\n0,img_0.png\nx,img_1.png\n", ":3: client 'x' is not a client id"),
-    ("s.csv", "client,image,split\n0,img_0.png,val\n", ":2: split 'val' is neither train nor test"),
+    ("s.csv", "client,image,split\n0,img_0.png,val\n", ":2: split 'val' is none of train, test and validation"),
     ("s.csv", "client,image\n0,img_0.png\n0\n", ":3: expected 2 columns"),
     ("s.csv", "client,image\n0,img_0.png\n\n0,img_9.png\n", ":4: image 'img_9.png' is not a train image"),
     ("s.csv", "client,image\n0,img_0.png\n0,img_1.png\n0,img_1.png\n", ":4: image 'img_1.png' names a train image "
@@ -336,7 +336,7 @@ def test_every_split_file_message_names_its_place_as_path_line(tmp_path, name, c
 def test_a_json_split_file_with_a_byte_order_mark_reads(tmp_path):
     path = tmp_path / "s.json"
     path.write_bytes(json.dumps({"train_ids": [[0, 1], [2, 3]]}).encode("utf-8-sig"))  # as Windows editors save it
-    parts, shared = read_split_file(str(path), *split_data(tmp_path), str(tmp_path))
+    parts, shared, _ = read_split_file(str(path), *split_data(tmp_path), str(tmp_path))
     assert [p.tolist() for p in parts] == [[0, 1], [2, 3]] and shared is None
 
 

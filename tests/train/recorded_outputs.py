@@ -52,6 +52,12 @@ def full_rows() -> list[dict]:
             "surplus": [], "accepted": [0] if r == 2 else [0, 1], "histograms_lost": [1] if r == 3 else [],
             "attackers_accepted": [], "kept_global": r == 2, "virtual_seconds": 3.5 + r, "virtual_clock": 3.5 * r + r * (r + 1) / 2,
             "deadline_seconds": 4.0, "client_virtual_seconds": [3.0, 3.25 + r, None], "local_steps": [4, 4, None],
+            "estimated_accuracy": {"estimator": "mano", "personal": {"mano": [40.0 + r, 50.0, 30.5], "confidence": None},
+                                   "server": {"mano": [38.5, 44.0 + r, 30.0], "confidence": None}},
+            "server_client_accuracy": [45.0 + r, 46.5, 30.0],
+            "ece": {"personal": [10.0 + r, 12.5, None], "server": 8.25 + r},
+            "calibration_bins": {"personal": [[2, 1, 2**31]] + [[0, 0, 0]] * 13 + [[4, 4, 2**34]],
+                                 "server": [[1, 0, 2**31]] + [[0, 0, 0]] * 13 + [[5, 4, 5 * 2**32]]},
         })
     return rows
 
@@ -103,14 +109,19 @@ def record(tmp: Path) -> dict:
                                            "test": [[1, 1, 1], [2, 0, 1], [0, 1, 2]], "train_sizes": [6, 6, 6],
                                            "test_sizes": [3, 3, 3], "client_names": None, "train_ids": None, "test_ids": None})
             zero_shot = torch.tensor([[1, 4], [3, 4], [1, 2]][:k])
+            bins = torch.zeros(k, 15, 3, dtype=torch.long)
+            bins[:, 14] = torch.tensor([3, 2, 3 * 2**32])
             recorder.record_zero_shot(zero_shot, torch.tensor([True, True, False][:k]) if labels else None,
-                                      {"novel": torch.tensor([1, 8]), "domain:photo": torch.tensor([5, 8])} if labels else None)
+                                      {"novel": torch.tensor([1, 8]), "domain:photo": torch.tensor([5, 8])} if labels else None,
+                                      {"estimates": {"mano": [35.0, 42.5, 30.0][:k], "confidence": None},
+                                       "bins": bins if labels else torch.zeros(k, 15, 3, dtype=torch.long)})
             for row in rows:
                 recorder.record_round(row)
             if labels:
                 recorder.record_adapted(torch.tensor([[0, 1], [0, 1], [7, 8]]), torch.tensor([True, True, False]))
                 recorder.record_virtual_time()
                 recorder.record_confusion(torch.eye(3, dtype=torch.long).expand(3, 3, 3) * 2, ["cat", "dog", "owl"])
+                recorder.record_reliability()
             extra = {"wall_seconds": 125.0, "dataset": "synthetic", "privacy": {"stopped_at_target": labels,
                      "stopped_before_round": 4, "target_epsilon": 3.0}}
             if labels:

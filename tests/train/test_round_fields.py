@@ -122,9 +122,11 @@ def test_how_a_value_becomes_scalars():
 def test_the_round_line_is_its_fields_pieces_in_order():
     row = full_rows()[1]
     assert round_line(row) == ["acc 65.00%", "global 47.50%", "new clients 32.00%", "novel 22.00%", "domain:photo 31.00%",
-                               "pseudo-label acc 63.75%", "selected 14", "loss 0.8750", "lr 0.0250", "taken 1/2 (global kept)",
+                               "est 40.83% (mano)", "ece 12.25", "pseudo-label acc 63.75%", "selected 14", "loss 0.8750",
+                               "lr 0.0250", "taken 1/2 (global kept)",
                                "eps 3.00", "14.5s"]
-    assert round_line(row, test_labels=False)[:2] == ["pseudo-label acc 63.75%", "selected 14"]  # no accuracy without labels
+    assert round_line(row, test_labels=False)[:3] == ["est 40.83% (mano)", "pseudo-label acc 63.75%", "selected 14"]  # no
+    # accuracy (nor calibration) without labels; the estimate needs none
 
 
 def outcome(refreshed: bool) -> RoundOutcome:
