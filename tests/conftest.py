@@ -78,6 +78,15 @@ def read_rounds(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
+    """{dotted name: tensor} of a nested payload, its numbers as tensors too (a chosen model's round and estimate)."""
+    if isinstance(obj, dict):
+        return {k: v for key, value in obj.items() for k, v in flat_tensors(value, f"{prefix}{key}.").items()}
+    if isinstance(obj, (list, tuple)):
+        return {k: v for i, value in enumerate(obj) for k, v in flat_tensors(value, f"{prefix}{i}.").items()}
+    return {} if obj is None or isinstance(obj, str) else {prefix.rstrip("."): torch.as_tensor(obj)}
+
+
 def assert_same_results(a: Path, b: Path, num_clients: int) -> None:
     """Two runs computed the same thing: every metric but timing, the summaries' accuracies, and every prompt
     file, bitwise."""
@@ -85,14 +94,17 @@ def assert_same_results(a: Path, b: Path, num_clients: int) -> None:
     assert [strip(r) for r in read_rounds(a)] == [strip(r) for r in read_rounds(b)]
     summaries = [json.loads((run / "summary.json").read_text()) for run in (a, b)]
     for key in ("final_client_accuracy", "best_mean_accuracy", "zero_shot_client_accuracy", "zero_shot_global",
-                "final_global_accuracy", "final_weighted_accuracy", "new_client_adapted_client_accuracy"):
+                "final_global_accuracy", "final_weighted_accuracy", "new_client_adapted_client_accuracy",
+                "zero_shot_estimated_accuracy", "zero_shot_ece", "label_free_choice", "estimator_errors"):
         assert summaries[0].get(key) == summaries[1].get(key), key
     assert (a / "prompts" / "global.pt").exists() == (b / "prompts" / "global.pt").exists()  # none without shared pieces
     shared = ["global.pt"] if (a / "prompts" / "global.pt").exists() else []
-    for name in shared + [f"client_{k:03d}.pt" for k in range(num_clients)]:
-        x = torch.load(a / "prompts" / name, weights_only=True)
-        y = torch.load(b / "prompts" / name, weights_only=True)
-        assert x.keys() == y.keys() and all(torch.equal(torch.as_tensor(x[k]), torch.as_tensor(y[k])) for k in x), name
+    chosen = [f"chosen/client_{k:03d}.pt" for k in range(num_clients)] if (a / "prompts" / "chosen").is_dir() else []
+    assert (a / "prompts" / "chosen").is_dir() == (b / "prompts" / "chosen").is_dir()  # the label-free choice's models
+    for name in shared + chosen + [f"client_{k:03d}.pt" for k in range(num_clients)]:
+        x = flat_tensors(torch.load(a / "prompts" / name, weights_only=True))
+        y = flat_tensors(torch.load(b / "prompts" / name, weights_only=True))
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name
 
 
 def tensorboard_events(log_dir: Path) -> dict[str, dict[str, list[int]]]:

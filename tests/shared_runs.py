@@ -80,6 +80,18 @@ SPECIAL = {
 }
 
 
+# Evaluation without labels (docs/label-free.md): a validation split set aside from each client's train images, every
+# estimate per round, each client keeping the model its estimate rates highest. FedUR grouped {0, 1} {2, 3}: its server
+# model shares the personal pass on the test images and has a pass of its own on the validation images; FedOTP's
+# server model has its own passes everywhere (its per-client accuracy too). Also label-blind (tests/test_label_blind.py).
+LABEL_FREE = {
+    "fedur-label-free": ["--data.validation_fraction", "0.2", "--evaluation.select", "label_free", "--run.clients_per_step", "2"],
+    "fedotp-label-free": ["--method", "FedOTP", "--data.validation_fraction", "0.25", "--evaluation.select", "label_free",
+                          "--evaluation.estimator", "confidence"],
+}
+SPECIAL.update(LABEL_FREE)
+
+
 def method_cases() -> dict[str, list[str]]:
     """Every one of fedur's methods with its own labeller (by its key), then each labeller once more beside a method
     that trains with another by default (`<method>+<labeller>`), the methods taken in turn."""

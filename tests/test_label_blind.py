@@ -21,13 +21,14 @@ from fedur.app.main import main
 
 from .conftest import read_rounds
 from .own_data import ScrambledSynthetic
-from .shared_runs import SHARED, method_cases, runs_rounds
+from .shared_runs import LABEL_FREE, SHARED, method_cases, runs_rounds
 from .test_resume import tensors_of
 
 pytestmark = pytest.mark.slow  # whole (tiny) runs
 
 MONITORING = {"pseudo_label_accuracy", "round_seconds", "phase_seconds"}  # what may differ, and timing
-CASES = method_cases()  # every one of fedur's methods, every labeller at least once (tests/shared_runs.py)
+CASES = {**method_cases(), **LABEL_FREE}  # every one of fedur's methods, every labeller at least once, and a validation
+# split with the label-free choice (tests/shared_runs.py)
 SYNTHETIC = ["--dataset.classes", "5", "--dataset.train_per_class", "60", "--dataset.test_per_class", "20"]  # tiny's
 PERMUTATION_SEED = 3  # [3 4 1 0 2]: no label keeps its value
 
@@ -56,10 +57,12 @@ def test_scrambled_train_labels_change_nothing_but_the_monitoring(runs, name):
     drawn, scrambled = runs / f"{name}-drawn", runs / f"{name}-scrambled"
     split = [json.loads((run / "partition.json").read_text()) for run in (drawn, scrambled)]
     assert split[0]["train_ids"] == split[1]["train_ids"] and split[0]["test_ids"] == split[1]["test_ids"]
+    assert split[0].get("validation_ids") == split[1].get("validation_ids")  # (the label-free cases': read back)
     assert split[0]["train"] != split[1]["train"] and split[0]["test"] == split[1]["test"]  # the labels did change
 
     summaries = [json.loads((run / "summary.json").read_text()) for run in (drawn, scrambled)]
-    for key in ("final_client_accuracy", "zero_shot_client_accuracy", "zero_shot_global", "best_mean_accuracy"):
+    for key in ("final_client_accuracy", "zero_shot_client_accuracy", "zero_shot_global", "best_mean_accuracy",
+                "zero_shot_estimated_accuracy", "label_free_choice"):
         assert summaries[0][key] == summaries[1][key], key
     if not runs_rounds(CASES[name]):  # zero-shot CLIP: no rounds, nothing trained
         return
@@ -69,8 +72,8 @@ def test_scrambled_train_labels_change_nothing_but_the_monitoring(runs, name):
     if rows[0][0]["selection"] is not None:  # a labeller: its monitoring saw the scramble
         assert [r["pseudo_label_accuracy"] for r in rows[0]] != [r["pseudo_label_accuracy"] for r in rows[1]]
 
-    for name_pt in sorted(p.name for p in (drawn / "prompts").iterdir()):
-        a, b = (torch.load(run / "prompts" / name_pt, weights_only=True) for run in (drawn, scrambled))
+    for name_pt in sorted(p.relative_to(drawn / "prompts") for p in (drawn / "prompts").rglob("*.pt")):  # chosen/ too
+        a, b = (tensors_of(torch.load(run / "prompts" / name_pt, weights_only=True)) for run in (drawn, scrambled))
         assert a.keys() == b.keys() and all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a)
     for round_dir in sorted((drawn / "checkpoints").iterdir()):
         for file in sorted(round_dir.glob("*.pt")):

@@ -93,8 +93,9 @@ def metrics(run_dir: Path) -> list[dict]:
 def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the final prompts and of the last committed checkpoint."""
     tensors = {}
-    for path in sorted((run_dir / "prompts").glob("*.pt")):
-        tensors.update({f"prompts/{path.name}:{k}": v for k, v in tensors_of(torch.load(path, weights_only=True)).items()})
+    for path in sorted((run_dir / "prompts").rglob("*.pt")):  # chosen/: the label-free choice's models
+        name = path.relative_to(run_dir / "prompts").as_posix()
+        tensors.update({f"prompts/{name}:{k}": v for k, v in tensors_of(torch.load(path, weights_only=True)).items()})
     last = checkpoint.latest(run_dir)
     for path in sorted(last.folder.glob("*.pt")):
         tensors.update({f"{last.folder.name}/{path.name}:{k}": v for k, v in tensors_of(checkpoint.load(path)).items()})
@@ -111,7 +112,7 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert not different, f"tensors differ from the uninterrupted run: {different[:5]}"
     summary, ref_summary = (json.loads((d / "summary.json").read_text()) for d in (run_dir, reference))
     for key in ("final_client_accuracy", "final_mean_accuracy", "best_mean_accuracy", "zero_shot_client_accuracy",
-                "final_global_accuracy", "new_client_adapted_client_accuracy"):
+                "final_global_accuracy", "new_client_adapted_client_accuracy", "label_free_choice", "estimator_errors"):
         assert summary.get(key) == ref_summary.get(key), key
 
 
@@ -260,7 +261,8 @@ RESUMED = [*(name for name in method_cases() if "+" not in name and plugins.by_k
            "promptprox-grip", "gdau-join", "scaffold-join", "adapter", "fedur-new-clients",
            "fedur-private-central", "scaffold-private-local",  # ZeroShot has no round; privacy: its ledger and clip
            "fedur-stragglers", "fedcopl-attacked",  # the virtual clock, lost uploads, an attacker's stream
-           "promptfl-flipped-krum", "fedur-scaled-clipped"]  # the other attacks' and aggregators' kinds
+           "promptfl-flipped-krum", "fedur-scaled-clipped",  # the other attacks' and aggregators' kinds
+           "fedur-label-free", "fedotp-label-free"]  # the chosen models with their pieces, zero-shot's predictions
 
 
 @pytest.mark.parametrize("name", RESUMED)

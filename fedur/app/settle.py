@@ -9,8 +9,9 @@ import sys
 from fedur import channel
 from fedur.channel import clock
 from fedur.config import Config, new_client_count
-from fedur.data.split_file import count_clients
+from fedur.data.split_file import count_clients, names_validation
 from fedur.errors import ConfigError
+from fedur.evaluation.estimators import AGREEMENTS
 from fedur.launch_env import LaunchEnv
 from fedur.model.clip import check_model
 from fedur.train import faults
@@ -70,6 +71,7 @@ def check(cfg: Config, env: LaunchEnv) -> None:
     if held_out and cfg.federation.partition == "file":
         raise ConfigError("evaluation.base_to_novel and evaluation.held_out_domain choose the clients' images themselves; "
                           "they do not combine with federation.partition=file (a split given image by image)")
+    check_label_free(cfg)
     if cfg.run.clients_per_step > 1 and cfg.optim.optimizer_state == "shared":
         raise ConfigError("run.clients_per_step > 1 trains clients at once, so no momentum can pass from one to the "
                           "next (optim.optimizer_state=shared); use optim.optimizer_state=client or reset")
@@ -87,3 +89,24 @@ def check(cfg: Config, env: LaunchEnv) -> None:
     faults.injected()
     check_model(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
     cfg.dataset.check()
+
+
+def check_label_free(cfg: Config) -> None:
+    """evaluation.select label_free needs a validation split to choose on, an estimator that can rank every candidate,
+    and rounds to choose among (docs/label-free.md)."""
+    if cfg.evaluation.select != "label_free":
+        return
+    fed = cfg.federation
+    named = fed.partition == "file" and fed.partition_file is not None and names_validation(fed.partition_file)
+    if cfg.data.validation_fraction == 0 and not named:
+        raise ConfigError("evaluation.select label_free chooses each client's model on its label-free validation split, and "
+                          "there is none: set data.validation_fraction (e.g. 0.2), or name validation_ids in the split file")
+    estimator = cfg.evaluation.estimator
+    if estimator in AGREEMENTS:
+        reference = AGREEMENTS[estimator].replace("_", "-")
+        raise ConfigError(f"evaluation.select label_free cannot choose by evaluation.estimator {estimator}: an agreement with "
+                          f"the {reference} model has no value for that model itself, so it cannot rank every candidate; "
+                          "choose confidence, entropy, dispersity or mano")
+    if cfg.method.rounds(fed.rounds) == 0:
+        raise ConfigError(f"evaluation.select label_free: {type(cfg.method).__name__} has no rounds, so zero-shot CLIP is the "
+                          "only model to keep; set evaluation.select none")

@@ -98,3 +98,45 @@ def test_a_test_image_several_clients_hold_is_scored_once_for_the_server(encoded
     assert int(evaluation.global_counts[1]) == len(every)
     assert torch.equal(evaluation.global_counts, evaluate_global(host, ready(host, global_model_of(host, server, host.model),
                                                                               host.model)))
+
+
+@pytest.mark.parametrize("method, shares", [("FedUR", True), ("FedOTP", False)])
+def test_a_validation_split_costs_one_pass_over_it_per_model_and_the_estimates_read_the_passes(method, shares, encoded):
+    """With a validation split, the personal and the server's model each pass once over the validation images; where
+    the server's model has a pass of its own, its accuracy on each client's test set has one too. Without one, nothing
+    is added: the estimates read the test logits (tested above). The server's accuracy per client read from the
+    personal pass is the one a pass of its own gives."""
+    from fedur.train.label_free import Seen, server_counts
+
+    host, server = host_of("--method", method, "--data.validation_fraction", "0.2")
+    tested = sum(len(c.test_indices) for c in host.clients)
+    held = sum(len(c.validation_indices) for c in host.clients)
+    assert held > 0 and host.label_free.validation
+    encoded.clear()
+    with torch.no_grad():
+        evaluation = evaluate_round(host, server)
+    assert sum(encoded) == tested * (1 if shares else 3) + 2 * held
+    found = evaluation.label_free
+    assert found.estimates["personal"]["mano"] is not None and found.estimates["server"]["mano"] is not None
+    model = ready(host, global_model_of(host, server, host.model), host.model)
+    with torch.no_grad():
+        own = server_counts(host, Seen(), (model.client, model.text), host.label_free, True)
+    assert torch.equal(found.server_counts, own)
+    assert int(found.personal_bins[:, :, 0].sum()) == tested and int(found.server_bins[:, 0].sum()) == len(host.global_rows)
+
+
+def test_without_a_validation_split_the_server_estimates_come_from_the_personal_pass():
+    """FedUR's server model shares the personal pass: its estimates on each client's test images are those of its own
+    logits there."""
+    from fedur.evaluation.estimators import estimates
+
+    host, server = host_of()
+    with torch.no_grad():
+        evaluation = evaluate_round(host, server)
+        model = ready(host, global_model_of(host, server, host.model), host.model)
+        theirs = host.predict("test", model_of=(model.client, model.text))
+    for client in host.clients:
+        logits = theirs[client.client_id][0]
+        want = estimates(logits, {"zero_shot": client.label_free.get("zero_shot_predictions")})
+        assert evaluation.label_free.estimates["server"]["confidence"][client.client_id] == pytest.approx(
+            100 * want["confidence"], abs=1e-9)
