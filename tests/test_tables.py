@@ -466,3 +466,25 @@ def test_the_worst_client_ignores_clients_without_test_images(tmp_path):
     write_summary(spec.run_dir, final_mean_accuracy=60.0, final_client_accuracy=[70.0, None, 50.0])  # client 1: no test
     cell = collect(grid, [spec])[(spec.row.key, spec.column.key)]
     assert cell.worst == {1: 50.0}
+
+
+def test_a_grid_ranks_its_runs_by_the_label_free_estimate_with_the_regret(tmp_path, capsys):
+    """In a column and seed, the run whose kept models the estimate rates highest is the one a user without labels
+    deploys; the regret is what that costs against the best run by test accuracy."""
+    out = tmp_path / "tables"
+    runs = {(s.row.key, s.column.key, s.seed): s for s in expand(GRIDS["table1"], [1, 2], out)}
+    column = "dtd-beta0.1"
+    write_summary(runs[("fedur", column, 1)].run_dir, final_mean_accuracy=62.0, final_client_accuracy=[60.0, 64.0],
+                  final_estimated_mean=55.0)
+    write_summary(runs[("fedcopl", column, 1)].run_dir, final_mean_accuracy=66.0, final_client_accuracy=[60.0, 72.0],
+                  final_estimated_mean=50.0)
+    write_summary(runs[("zeroshot", column, 1)].run_dir, final_mean_accuracy=40.0, final_client_accuracy=[30.0, 50.0],
+                  label_free_choice={"chosen_estimate_mean": 57.0, "chosen_mean": 45.0})  # its choice's estimate wins
+    write_summary(runs[("fedur", column, 2)].run_dir, final_mean_accuracy=63.0, final_client_accuracy=[60.0, 66.0],
+                  final_estimated_mean=55.0)  # alone in seed 2: nothing to choose among
+    assert cli.main(["table1", "--out", str(out), "--table-only", "--rows", "fedur,fedcopl,zeroshot",
+                     "--columns", column]) == 0
+    markdown = (out / "table1" / "table.md").read_text()
+    assert "## Runs ranked without labels" in markdown
+    assert "| dtd-beta0.1 | 1 | 3 | CLIP (zero-shot) / - | 57.00 | 45.00 | FedCoPL / CoPL | 66.00 | 21.00 |" in markdown
+    assert "| dtd-beta0.1 | 2 |" not in markdown and "Mean regret over 1 column x seed choice(s): 21.00 points." in markdown

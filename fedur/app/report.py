@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from fedur.app.report_label_free import sections as label_free_sections
 from fedur.errors import FedurError
 from fedur.metrics import best, fmt, round_numbers
 from fedur.plots import line_plot, save
@@ -267,6 +268,7 @@ def markdown(runs: list[Run], pngs: list[Path]) -> str:
             said = f"attackers {system['attackers']} ({system['attack']}), " if system.get("attackers") else ""
             parts.append(f"Clients that answered ({said}aggregator {system.get('aggregator', 'mean')}; docs/system.md):\n\n"
                          + table(round_table(run, "answers")[0], answers))
+        parts += label_free_sections(run.rounds, run.zero_shot, run.summary)  # estimates, their errors, the choice, ECE
         metrics = method_metric_rows(run)
         if metrics:  # what the method's server reported (Aggregated.metrics)
             parts.append("Method metrics:\n\n" + table(["metric", "first round", "last round", "min", "max"], metrics))

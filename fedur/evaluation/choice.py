@@ -84,6 +84,8 @@ def label_free_choice(rows: list[dict], zero_shot: dict, estimator: str, trainin
         out[f"{name}_mean"] = None if present is None else sum(present) / len(present)
         out[f"{name}_worst"] = None if present is None else min(present)
     out["regret"] = None if out["oracle_mean"] is None or out["chosen_mean"] is None else out["oracle_mean"] - out["chosen_mean"]
+    estimates = [clients[k]["estimate"] for k in training]
+    out["chosen_estimate_mean"] = None if not estimates or None in estimates else sum(estimates) / len(estimates)
     out["below_zero_shot"] = [k for k in training if clients[k]["accuracy"] is not None
                               and clients[k]["zero_shot_accuracy"] is not None
                               and clients[k]["accuracy"] < clients[k]["zero_shot_accuracy"]]

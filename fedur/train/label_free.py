@@ -177,7 +177,8 @@ def summary(rows: list[dict], zero_shot: dict, settings: LabelFreeSettings, trai
     (fedur/evaluation/choice.py::estimator_errors), the final calibration, and choosing, the label-free choice."""
     from fedur.evaluation.choice import estimator_errors
 
-    out: dict = {"estimator": settings.estimator, "validation_split": settings.validation}
+    out: dict = {"estimator": settings.estimator, "validation_split": settings.validation,
+                 "final_estimated_mean": final_estimate(rows, zero_shot, settings.estimator, training)}
     if rows and rows[-1].get("estimated_accuracy") is not None:
         out["estimator_errors"] = estimator_errors(rows, zero_shot, list(ESTIMATORS), training)
     if rows and rows[-1].get("ece") is not None:
@@ -185,6 +186,17 @@ def summary(rows: list[dict], zero_shot: dict, settings: LabelFreeSettings, trai
     if settings.select:
         out["label_free_choice"] = label_free_choice(rows, zero_shot, settings.estimator, training)
     return out
+
+
+def final_estimate(rows: list[dict], zero_shot: dict, estimator: str, training: list[int]) -> float | None:
+    """The mean over the training clients of the last round's personal models' estimate (zero-shot CLIP's for a run of
+    no rounds): what fedur-tables ranks a grid's runs by, without labels."""
+    if rows:
+        values = ((rows[-1].get("estimated_accuracy") or {}).get("personal") or {}).get(estimator)
+    else:
+        values = (zero_shot.get("zero_shot_estimated_accuracy") or {}).get(estimator)
+    present = [values[k] for k in training if values is not None and values[k] is not None]
+    return sum(present) / len(present) if present else None
 
 
 def check_and_save_choice(host: Host, choice: dict, folder: Path) -> None:

@@ -16,6 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedur.app.tables import ranking
 from fedur.app.tables.figures import write_figures
 from fedur.app.tables.grids import ACCURACIES, FINAL, PROTOCOLS, Column, Grid, Row, RunSpec
 from fedur.app.tables.paper import PAPER_AVERAGE, paper_value
@@ -219,6 +220,7 @@ def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) ->
                 texts.append(row_average(grid, cells, row, columns))
             lines.append("| " + " | ".join([*row.labels, *texts]) + " |")
         lines.append("")
+    lines += ranking.markdown(specs)  # the run a user without labels would deploy, and the regret
     missing = [s for c in cells.values() for s in c.missing]
     if missing:
         lines += [f"Missing runs ({len(missing)}):", ""]
