@@ -12,7 +12,8 @@ Rounds are compared by rounds completed, so a run from before rounds were counte
 A case is a run of configs/tiny.yaml (random-init tiny CLIP, 4 rounds, two refreshes) or of the demo
 (configs/smoke.yaml). `compare` checks, per case: every metrics.jsonl row but the timings, summary.json
 (but wall time, settings and placement; a key the older run lacks is an addition, not a difference),
-zero_shot.json, partition.json, confusion.json (a metrics.jsonl key only the newer run writes is an addition),
+zero_shot.json (its keys the older run has), partition.json, confusion.json (a metrics.jsonl key only the newer run
+writes is an addition),
 and every tensor of every .pt file (final prompts and the
 kept checkpoints: prompts, momenta, pseudo-labels, masks, caches, server state) with torch.equal; a tensor
 only the newer run's file holds is an addition too (the final client files now carry the method's own state).
@@ -195,7 +196,11 @@ def differences(a: Path, b: Path) -> list[str]:
     found += [f"summary {k}" for k in summaries[0] if k not in SUMMARY_SKIP and summaries[0][k] != summaries[1].get(k)]
     for name in ("zero_shot.json", "partition.json", "confusion.json"):
         texts = [(d / name).read_text() if (d / name).exists() else None for d in (a, b)]
-        if texts[0] != texts[1]:
+        if name == "zero_shot.json" and None not in texts:  # a key only the newer run writes is an addition (zero-shot's
+            older, newer = (json.loads(t) for t in texts)  # label-free estimates and calibration)
+            if any(newer.get(k) != v for k, v in older.items()):
+                found.append(name)
+        elif texts[0] != texts[1]:
             found.append(name)
     files = [{numbered(p.relative_to(d), first): p for p in d.rglob("*.pt")} for d, first in zip((a, b), firsts)]
     if set(files[0]) != set(files[1]):
