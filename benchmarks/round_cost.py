@@ -100,6 +100,7 @@ METHOD = FedUR()
 PHASES = ("refresh", "train", "aggregate", "evaluate")  # metrics.jsonl phase_seconds (the checkpoint's save is after them)
 STARTUP = ("imports", "setup", "zero_shot", "other", "total")  # summary.json startup_seconds: the time before round 1
 GLOBAL_OFF = "|global-off"  # the key suffix of a whole-round run with --evaluation.global_model false
+LABEL_FREE = "|label-free"  # the key suffix of a whole-round run with a validation split and the label-free choice
 
 
 def class_names(n: int) -> list[str]:
@@ -456,11 +457,13 @@ def prompted_logits(model: PromptedCLIP, images: torch.Tensor, pieces: dict[str,
 
 
 def run_round(bench: Bench, name: str, train_images: int, shared: bool, results: dict, ranks: int = 1,
-              clients_per_step: int = 1, global_model: bool = True, method: str | None = None) -> dict:
+              clients_per_step: int = 1, global_model: bool = True, method: str | None = None,
+              label_free: bool = False) -> dict:
     """One `python -m fedur.main` run on generated shapes (under `fabric run --devices ranks` for several ranks);
     its rounds against their compute floor, and its time before round 1 (summary.json's startup_seconds: None
     where the fedur that ran does not record it). `global_model`: evaluation.global_model, the server's model
-    tested every round on the clients' test union."""
+    tested every round on the clients' test union. `label_free`: a validation split of 20% of each client's train images
+    and the label-free choice (docs/label-free.md): one more pass over them per model and round."""
     args = bench.args
     classes = 10
     per_class = max(1, train_images // classes)
@@ -487,6 +490,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         "--fabric.precision", "bf16-mixed" if bench.bf16 else "32-true",
         "--run.output_dir", str(run_dir), "--run.progress", "false", "--run.clients_per_step", str(clients_per_step),
         "--evaluation.global_model", str(global_model).lower(), *(["--method", method] if method else []),
+        *(["--data.validation_fraction", "0.2", "--evaluation.select", "label_free"] if label_free else []),
     ]
     if bench.device.type != "cuda":
         cmd += ["--run.threads", str(torch.get_num_threads())]
@@ -528,7 +532,7 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
     return {
         "command": shown, "model": name, "classes": classes, "clients": args.round_clients, "train_images": n_train,
         "test_images": n_test, "shared_prefix_text": shared, "ranks": ranks, "clients_per_step": clients_per_step,
-        "global_model": global_model, "process_wall_seconds": wall, "rounds": rounds, "startup_seconds": startup,
+        "global_model": global_model, "label_free": label_free, "process_wall_seconds": wall, "rounds": rounds, "startup_seconds": startup,
         "per_image_cost": costs, "method": method or "FedUR",
     }
 
@@ -718,6 +722,7 @@ def markdown(results: dict) -> str:
                     + " | ".join(cells) + f" | {sent:,} | {r['process_wall_seconds']:.0f} |"
                 )
         lines += global_table(results.get("global_evaluation") or global_evaluation(runs))
+        lines += label_free_table(runs)
         lines += startup_table(runs)
         lines += placement_table(runs, results.get("concurrent_matmul"))
         lines += together_table(runs)
@@ -767,7 +772,7 @@ def global_evaluation(runs: dict) -> dict[str, list[dict]]:
     out = {}
     for key, on in runs.items():
         off = runs.get(key + GLOBAL_OFF)
-        if key.endswith(GLOBAL_OFF) or off is None or "error" in on or "error" in off:
+        if key.endswith(GLOBAL_OFF) or key.endswith(LABEL_FREE) or off is None or "error" in on or "error" in off:
             continue
         rows = []
         for a, b in zip(on["rounds"], off["rounds"]):
@@ -799,6 +804,31 @@ def global_table(pairs: dict[str, list[dict]]) -> list[str]:
             ratio = "" if row["on_over_off"] is None else f"x{row['on_over_off']:.2f}"
             lines.append(f"| {key} | {row['round']} | {cells[0]} | {cells[1]} | {ratio} |")
     return lines
+
+
+def label_free_table(runs: dict) -> list[str]:
+    """Each run beside its twin with a validation split and the label-free choice (--round-label-free off,on): the
+    evaluate phase and the round of both, and the ratios (what the validation passes add)."""
+    rows = []
+    for key, plain in sorted(runs.items()):
+        with_split = runs.get(key + LABEL_FREE)
+        if key.endswith(LABEL_FREE) or with_split is None or "error" in plain or "error" in with_split:
+            continue
+        for a, b in zip(plain["rounds"], with_split["rounds"]):
+            e_a, e_b = ((r.get("phase_seconds") or {}).get("evaluate") for r in (a, b))
+            ratio = "" if not e_a or e_b is None else f"x{e_b / e_a:.2f}"
+            round_ratio = "" if not a["round_seconds"] else f"x{b['round_seconds'] / a['round_seconds']:.2f}"
+            rows.append(f"| {key} | {a['round']} | {e_a:.3f} | {e_b:.3f} | {ratio} | {a['round_seconds']:.3f} | "
+                        f"{b['round_seconds']:.3f} | {round_ratio} |")
+    if not rows:
+        return []
+    return ["", "### Evaluation with a label-free validation split",
+            "", "Each configuration run twice, back to back: as it is (the estimates read the test logits) and with "
+            "`--data.validation_fraction 0.2 --evaluation.select label_free` (one more pass of the personal and the "
+            "server's model over the validation images each round). The evaluate phase and the round of each (s) and "
+            "their ratios; the run with the split trains on 20% fewer images, so its round is not the same work.", "",
+            "| run | round | evaluate s | with split | ratio | round s | with split | ratio |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows]
 
 
 def startup_table(runs: dict) -> list[str]:
@@ -927,6 +957,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "every method with rounds)")
     parser.add_argument("--round-global", default="on,off",
                         help="evaluation.global_model of the whole-round runs (list): each configuration runs once per value")
+    parser.add_argument("--round-label-free", default="off",
+                        help="whole-round runs with a validation split and the label-free choice (list: off,on runs both, "
+                             "back to back, as --round-global does)")
     parser.add_argument("--n-ctx", type=int, default=16)
     parser.add_argument("--visual-tokens", type=int, default=5)
     parser.add_argument("--train-batch", type=int, default=64)
@@ -967,6 +1000,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.round_global.split(",")) - {"on", "off"}
     if unknown:
         parser.error(f"--round-global takes on and/or off, not {', '.join(sorted(unknown))}")
+    unknown = set(args.round_label_free.split(",")) - {"on", "off"}
+    if unknown:
+        parser.error(f"--round-label-free takes on and/or off, not {', '.join(sorted(unknown))}")
     if args.threads is None and not args.device.startswith("cuda"):
         args.threads = 1
     if args.num_workers is None:
@@ -1049,7 +1085,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault("concurrent_matmul", {})[str(w)] = c
                 print(f"{w} concurrent matmul processes: x{c['ceiling']:.2f} of one alone", flush=True)
     if "round" in parts:
-        global_settings = [{"on": True, "off": False}[g] for g in args.round_global.split(",")]
+        global_settings = [(g, lf) for g in ({"on": True, "off": False}[g] for g in args.round_global.split(","))
+                           for lf in ({"on": True, "off": False}[v] for v in args.round_label_free.split(","))]
         pair_index = 0
         for name in (args.round_models or args.models).split(","):
             for n_images in (int(n) for n in args.round_images.split(",")):
@@ -1068,16 +1105,19 @@ def main(argv: list[str] | None = None) -> int:
                         # the next (on, off, off, on, ...), so that a drift in the machine's load falls on both.
                         order = global_settings if pair_index % 2 == 0 else global_settings[::-1]
                         pair_index += 1
-                        for global_model in order:
+                        for global_model, label_free in order:
                             tick = time.perf_counter()
                             try:
-                                run = run_round(bench, name, n_images, setting == "on", results, ranks, group, global_model)
+                                run = run_round(bench, name, n_images, setting == "on", results, ranks, group, global_model,
+                                                label_free=label_free)
                             except Exception as err:  # e.g. the floor's timing, or a run that wrote no metrics
                                 run = {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}"}
-                            key = f"{name}|{n_images}|{setting}{suffix}" + ("" if global_model else GLOBAL_OFF)
+                            key = (f"{name}|{n_images}|{setting}{suffix}" + ("" if global_model else GLOBAL_OFF)
+                                   + (LABEL_FREE if label_free else ""))
                             results.setdefault("round", {})[key] = run
                             label = (f"round {name} {n_images} images text {setting} ranks {ranks} clients per step {group} "
-                                     f"global model {'on' if global_model else 'off'}")
+                                     f"global model {'on' if global_model else 'off'}"
+                                     + (" with a validation split (label-free)" if label_free else ""))
                             if "error" in run:
                                 failures.append(f"{label}: {run['error'].strip().splitlines()[-1] if run['error'].strip() else 'failed'}")
                                 print(f"{label}: FAILED\n{run['error']}", flush=True)

@@ -115,6 +115,31 @@ def test_round_cost_reports_the_evaluation_with_the_global_model_on_and_off_and_
     assert "| fedur-tiny|20|on|global-off | not recorded |" in text  # a fedur that does not write startup_seconds
 
 
+def test_round_cost_puts_a_run_beside_its_twin_with_a_label_free_validation_split():
+    rc = benchmark("round_cost")
+
+    def run(evaluate: float, seconds: float) -> dict:
+        return {"rounds": [{"round": 1, "round_seconds": seconds, "phase_seconds": {"evaluate": evaluate}}]}
+
+    runs = {"fedur-tiny|20|on": run(0.2, 1.0), "fedur-tiny|20|on" + rc.LABEL_FREE: run(0.3, 0.9)}
+    text = "\n".join(rc.label_free_table(runs))
+    assert "| fedur-tiny|20|on | 1 | 0.200 | 0.300 | x1.50 | 1.000 | 0.900 | x0.90 |" in text
+    assert rc.global_evaluation(runs) == {}  # a label-free twin is not a global-off twin
+
+
+@pytest.mark.slow  # two fedur processes (one seed, one round each)
+def test_label_free_benchmark_runs_and_tables_its_smallest_size(tmp_path, capsys):
+    label_free = benchmark("label_free")
+    assert exit_code(label_free.main, ["run", "demo", "--seeds", "1", "--methods", "fedur,promptfl", "--rounds", "1",
+                                       "--workdir", str(tmp_path)]) == 0
+    assert exit_code(label_free.main, ["table", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "label_free.md").read_text()
+    assert "| FedUR | 1 | mano |" in text and "| PromptFL | mano |" in text
+    found = json.loads((tmp_path / "out" / "label_free.json").read_text())
+    assert set(found["demo"]) == {"fedur", "promptfl"} and set(found["demo"]["fedur"]["choices"][0]) == set(label_free.CHOOSERS)
+    assert exit_code(label_free.main, ["table", str(tmp_path / "nothing"), "--out", str(tmp_path / "out2")]) == 1
+
+
 @pytest.fixture(scope="module")
 def first_light(tmp_path_factory) -> tuple[int, Path]:
     """gpu_first_light.py's CPU rehearsal of its round-cost step, run once for the tests that read it: (its exit
