@@ -18,6 +18,7 @@ from jsonargparse.typing import (
     PositiveInt,
 )
 
+from fedur import channel
 from fedur.channel import AdversaryConfig, AggregatorConfig, ClockConfig, Stages
 from fedur.errors import ConfigError
 
@@ -366,7 +367,7 @@ class Config:
     @property
     def stages(self) -> Stages:
         """The settings of the channel's stages (fedur/channel/)."""
-        return Stages(self.clock, self.adversary, self.aggregator, self.privacy.mode)
+        return Stages({name: getattr(self, name) for name in channel.GROUPS}, self.privacy.mode)
 
     @property
     def settings(self) -> dict:
@@ -403,9 +404,7 @@ GROUPS = {
     "model": ModelConfig,
     "data": DataConfig,
     "federation": FederationConfig,
-    "clock": ClockConfig,
-    "adversary": AdversaryConfig,
-    "aggregator": AggregatorConfig,
+    **channel.GROUPS,  # clock, adversary, aggregator: the channel's stages (fedur/channel/), each a field of Config
     "optim": OptimConfig,
     "evaluation": EvaluationConfig,
     "privacy": PrivacyConfig,

@@ -19,7 +19,7 @@ import torch
 
 from fedur.app.cli import parse_config
 from fedur.app.settle import settle
-from fedur.channel import Stages, composition
+from fedur.channel import composition, defaults
 from fedur.errors import ConfigError
 from fedur.launch_env import LaunchEnv
 from fedur.methods.base import GlobalView
@@ -90,7 +90,7 @@ def test_every_method_protocol_and_stage_is_a_case_or_refused_with_its_reason():
     for cls in builtin("method"):
         if not any(case.startswith(f"{cls.__name__}-") for case in CASES):  # refused in every mode: say why
             method = cls()
-            lines = [composition(Stages(privacy_mode=mode), method, method.default_labeller()) for mode in MODES]
+            lines = [composition(defaults(mode), method, method.default_labeller()) for mode in MODES]
             said = [refusal([*BASE, "--method", cls.__name__, *MODES[mode]]) for mode in MODES]
             assert all(said), (cls.__name__, lines, said)
 
