@@ -112,6 +112,9 @@ def check(cfg: Config, env: LaunchEnv) -> None:
               file=sys.stderr)
     if env.precision_warning(cfg.fabric) and env.is_rank_zero:
         print(f"fedur: warning: {env.precision_warning(cfg.fabric)}", file=sys.stderr)
+    if cfg.dataset.test_only:
+        raise ConfigError(f"{type(cfg.dataset).__name__} is a test set only; train on another dataset (ImageNet for ImageNet's "
+                          f"shifted sets) and test the run on it with fedur-cross-dataset RUN --dataset {type(cfg.dataset).__name__}")
     faults.injected()
     check_model(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
     cfg.dataset.check()
