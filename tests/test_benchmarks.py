@@ -362,6 +362,13 @@ def test_privacy_selection_tables_a_grids_finished_runs_and_fails_on_none(tmp_pa
     assert exit_code(benchmark("privacy_selection").main, [str(empty)]) == 1
 
 
+def test_backbone_matrix_on_two_families(tmp_path):
+    assert exit_code(benchmark("backbone_matrix").main, ["--models", "ViT-B-32,RN50", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "backbone_matrix.md").read_text()
+    assert "| `RN50` | open_clip ModifiedResNet" in report and "`RN50`, `FedUR`: FedUR cannot run on RN50" in report
+    assert exit_code(benchmark("backbone_matrix").main, ["--models", "no-such-model", "--out", str(tmp_path)]) == 1
+
+
 def test_every_benchmark_has_a_smoke_here():
     """A benchmark added to benchmarks/ without a smoke in this file fails here."""
     source = Path(__file__).read_text()

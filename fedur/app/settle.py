@@ -10,6 +10,7 @@ from fedur.config import Config, new_client_count
 from fedur.data.split_file import count_clients
 from fedur.errors import ConfigError
 from fedur.launch_env import LaunchEnv
+from fedur.methods.backbones import check_backbone
 from fedur.model.clip import check_model
 from fedur.train import faults
 
@@ -117,4 +118,5 @@ def check(cfg: Config, env: LaunchEnv) -> None:
                           f"shifted sets) and test the run on it with fedur-cross-dataset RUN --dataset {type(cfg.dataset).__name__}")
     faults.injected()
     check_model(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
+    check_backbone(cfg.method, cfg.model.name, cfg.model.visual_tokens)  # the method's prompts fit the model's towers
     cfg.dataset.check()

@@ -23,6 +23,8 @@ from open_clip.transformer import text_global_pool
 from torch import Tensor, nn
 
 from fedur.errors import ConfigError, FedurError
+from fedur.model import towers
+from fedur.model.towers import encode_image_other, is_open_clip_vit, text_tower, vision_blocks, vision_width
 from fedur.network import reachable
 
 PACKAGE_MODEL_CONFIGS = Path(__file__).parent / "configs"
@@ -96,9 +98,36 @@ def check_model(name: str, pretrained: str | None, config_file: str | None, cach
             "ViT-B-16), or point model.config_file at an open_clip model-config JSON named <model.name>.json."
         )
     resolved = resolve_pretrained(name, pretrained, cache_dir)
+    check_tokenizer(name, cache_dir)
     if weights and resolved is not None and Path(resolved).is_file():
         check_weights(name, resolved)
     return resolved
+
+
+def check_tokenizer(name: str, cache_dir: str | None) -> None:
+    """A tokenizer open_clip takes from the Hugging Face Hub (SigLIP's, `text_cfg.hf_tokenizer_name`) can be had:
+    transformers is installed, and the tokenizer is a local folder, cached, or the hub is reachable."""
+    hub = ((open_clip.get_model_config(name) or {}).get("text_cfg") or {}).get("hf_tokenizer_name")
+    if not hub or Path(hub).is_dir():
+        return
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ModelUnavailableError(f"{name}'s tokenizer is a Hugging Face one ({hub}): pip install transformers "
+                                    "(or pip install 'fedur[hf]')") from None
+    if _hub_reachable():
+        return
+    try:
+        with _quiet_if(True):
+            AutoTokenizer.from_pretrained(hub, cache_dir=cache_dir, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ModelUnavailableError(
+            f"{name}'s tokenizer comes from the Hugging Face Hub ({hub}), which is unreachable (offline?), and it is not "
+            f"cached ({type(err).__name__}). On a machine with internet run: python -c \"from transformers import "
+            f"AutoTokenizer; AutoTokenizer.from_pretrained('{hub}').save_pretrained('DIR')\"; copy DIR here and point "
+            f"model.config_file at a copy of {name}'s config whose text_cfg.hf_tokenizer_name is DIR (or copy the whole "
+            "Hugging Face cache and set model.cache_dir)"
+        ) from err
 
 
 def check_weights(name: str, path: str) -> None:
@@ -140,6 +169,19 @@ def check_weights(name: str, path: str) -> None:
         raise ModelUnavailableError(
             f"model.pretrained={path} lacks {len(missing)} tensors of {name} (e.g. {', '.join(missing[:3])}); {hint}"
         )
+
+
+def backbone_features(name: str) -> tuple[str, frozenset[str]]:
+    """The towers of open_clip model `name` in words and which prompts they take (fedur/model/towers.py), read from
+    its skeleton on the meta device (no memory, no weights). A Hugging Face text tower is named from the config
+    alone (building it would fetch its config from the hub): it takes no text context."""
+    cfg = open_clip.get_model_config(name) or {}
+    hf_text = (cfg.get("text_cfg") or {}).get("hf_model_name")
+    if hf_text:
+        return f"Hugging Face text tower {hf_text}", frozenset()
+    with _quiet_if(True), torch.device("meta"):
+        skeleton = open_clip.create_model(name, pretrained=None, device="meta")
+    return towers.family(skeleton), towers.features(skeleton)
 
 
 def weight_shapes(path: str) -> dict[str, tuple[int, ...]]:
@@ -259,30 +301,35 @@ def _hub_reachable() -> bool:
     return reachable("huggingface.co")
 
 
-def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor, deep: Tensor | None = None) -> Tensor:
-    """`CLIP.encode_text` from token embeddings instead of token ids (unnormalised features).
+def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor, deep: Tensor | None = None,
+                           start: int = 1) -> Tensor:
+    """`CLIP.encode_text` from token embeddings instead of token ids (unnormalised features); also a
+    CustomTextCLIP's `TextTransformer` (SigLIP, EVA, PE: `towers.text_tower`).
 
     embeddings: (n, L, width) with L <= context_length; tokens: (n, L) ids, used only to find the
     pooled (end-of-text) position. With a causal mask, positions after the EOT token cannot influence
-    it, so callers may truncate L to the last EOT position + 1.
+    it, so callers may truncate L to the last EOT position + 1; without one (SigLIP) every position counts, and
+    L must be the tower's whole context.
 
     deep: deep text prompts (J - 1, n_ctx, width), the same for every row, or (n, J - 1, n_ctx, width), each row
-    its own: before block i (1 <= i < J) positions 1..n_ctx of the residual stream are replaced by prompt i - 1,
-    without a positional embedding (MaPLe's and PromptSRC's text blocks); None: plain CLIP.
+    its own: before block i (1 <= i < J) positions start..start + n_ctx - 1 of the residual stream (the context's:
+    1.. after CLIP's start token) are replaced by prompt i - 1, without a positional embedding (MaPLe's and
+    PromptSRC's text blocks); None: plain CLIP.
     """
+    text = text_tower(model)
     length = embeddings.shape[1]
-    cast_dtype = model.transformer.get_cast_dtype()
-    x = embeddings.to(cast_dtype) + model.positional_embedding[:length].to(cast_dtype)  # (n, L, width)
-    attn_mask = model.attn_mask[:length, :length] if model.attn_mask is not None else None
-    x = model.transformer(x, attn_mask=attn_mask) if deep is None else _deep_transformer(model.transformer, x, attn_mask, deep)
-    x = model.ln_final(x)
-    x = text_global_pool(x, tokens, model.text_pool_type, eos_token_id=getattr(model, "text_eos_id", None))
-    if model.text_projection is not None:
-        x = model.text_projection(x) if isinstance(model.text_projection, nn.Linear) else x @ model.text_projection
+    cast_dtype = text.transformer.get_cast_dtype()
+    x = embeddings.to(cast_dtype) + text.positional_embedding[:length].to(cast_dtype)  # (n, L, width)
+    attn_mask = text.attn_mask[:length, :length] if text.attn_mask is not None else None
+    x = text.transformer(x, attn_mask=attn_mask) if deep is None else _deep_transformer(text.transformer, x, attn_mask, deep, start)
+    x = text.ln_final(x)
+    x = text_global_pool(x, tokens, text.text_pool_type, eos_token_id=getattr(text, "text_eos_id", None))
+    if text.text_projection is not None:
+        x = text.text_projection(x) if isinstance(text.text_projection, nn.Linear) else x @ text.text_projection
     return x  # (n, embed_dim)
 
 
-def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | None, deep: Tensor) -> Tensor:
+def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | None, deep: Tensor, start: int = 1) -> Tensor:
     """open_clip's `Transformer.forward` on (n, L, width) with the deep text prompts `deep` put in before each block
     (`encode_text_embeddings`)."""
     per_row = deep.dim() == 4
@@ -294,7 +341,8 @@ def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | Non
         if 1 <= i <= n_deep:
             prompt = (deep[:, i - 1] if per_row else deep[i - 1].unsqueeze(0).expand(x.shape[1 - seq_dim], -1, -1)).to(x.dtype)
             prompt = prompt if seq_dim == 1 else prompt.transpose(0, 1)  # (n, n_ctx, width) or (n_ctx, n, width)
-            x = torch.cat([x.narrow(seq_dim, 0, 1), prompt, x.narrow(seq_dim, 1 + n_ctx, x.shape[seq_dim] - 1 - n_ctx)], dim=seq_dim)
+            rest = x.shape[seq_dim] - start - n_ctx
+            x = torch.cat([x.narrow(seq_dim, 0, start), prompt, x.narrow(seq_dim, start + n_ctx, rest)], dim=seq_dim)
         x = block(x, attn_mask=attn_mask)
     return x if transformer.batch_first else x.transpose(0, 1)
 
@@ -319,6 +367,8 @@ def encode_image_prompted(
     vision towers: their CLS token attends to them), and are dropped only before the pooling; False (VPT-deep):
     dropped after each prompted block.
     """
+    if not is_open_clip_vit(visual):  # a timm ViT or EVA, a ResNet, ...: fedur/model/towers.py
+        return encode_image_other(visual, images, prompts, return_tokens, persist)
     x = visual._embeds(images)  # (B, 1 + patches, width)
     per_image = prompts is not None and prompts.dim() == 4
     depth = 0 if prompts is None else prompts.shape[int(per_image)]
@@ -363,13 +413,9 @@ def _expand_shape(x: Tensor, n_tok: int, seq_dim: int) -> tuple[int, int, int]:
 
 
 def vision_width_and_depth(model: nn.Module) -> tuple[int, int]:
-    visual = model.visual
-    if not hasattr(visual, "transformer") or not hasattr(visual, "_embeds"):
-        raise ModelUnavailableError(
-            f"{type(visual).__name__} is not an open_clip VisionTransformer; deep visual prompts need a ViT "
-            "backbone (or set model.visual_tokens=0)."
-        )
-    return visual.transformer.width, len(visual.transformer.resblocks)
+    """The vision transformer's width and blocks (open_clip's ViT, timm's ViT and EVA); a ConfigError for a tower
+    without blocks (a ResNet: set model.visual_tokens 0, or a method without visual prompts)."""
+    return vision_width(model.visual), len(vision_blocks(model.visual))
 
 
 @torch.no_grad()
