@@ -67,6 +67,7 @@ class PromptedCLIP(nn.Module):
         self.host_tokens = self.text_prompt.tokens.clone()
         # None where the shared-prefix tower is exact (a causal mask, open_clip's blocks): its one read of the mask here
         self.prefix_reason = check_shared_prefix(self.text, self.n_shared, self.host_tokens.shape[1])
+        self.checkpointing = False  # model.checkpointing: recompute the prompted towers' activations in the backward pass
         self.shared_prefix_text = True  # text tower: encode the class-independent prefix once (exact; where it is not:
         # a non-causal tower, every class in full)
         self.normalize: Callable[[Tensor], Tensor] = _identity
@@ -160,14 +161,15 @@ class PromptedCLIP(nn.Module):
             self.check_deep_text(deep)
         if self.shared_prefix_text and self.prefix_reason is None:
             features = encode_text_shared_prefix(self.text, embeddings, tokens, self.n_shared, self.host_tokens, deep,
-                                                 self.ctx_start)
+                                                 self.ctx_start, self.checkpointing)
         elif embeddings.dim() == 4:  # every class of every context in one batch
             n_groups, n_cls, length, width = embeddings.shape
             flat = embeddings.reshape(n_groups * n_cls, length, width)
             rows = None if deep is None else deep.repeat_interleave(n_cls, dim=0)  # (G * C, J - 1, n_ctx, width)
-            features = encode_text_embeddings(self.clip, flat, tokens.repeat(n_groups, 1), rows, self.ctx_start).view(n_groups, n_cls, -1)
+            features = encode_text_embeddings(self.clip, flat, tokens.repeat(n_groups, 1), rows, self.ctx_start,
+                                              self.checkpointing).view(n_groups, n_cls, -1)
         else:
-            features = encode_text_embeddings(self.clip, embeddings, tokens, deep, self.ctx_start)
+            features = encode_text_embeddings(self.clip, embeddings, tokens, deep, self.ctx_start, self.checkpointing)
         return F.normalize(features, dim=-1)
 
     @torch.no_grad()
@@ -232,7 +234,8 @@ class PromptedCLIP(nn.Module):
         if not prompted:
             return F.normalize(self.clip.encode_image(images), dim=-1)
         prompts = visual if visual is not None and visual.numel() else None
-        return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, persist=persist), dim=-1)
+        return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, persist=persist,
+                                                 checkpointed=self.checkpointing), dim=-1)
 
     @property
     def vision_width(self) -> int:

@@ -9,6 +9,7 @@ what open_clip gives.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 
 from fedur.errors import ConfigError, FedurError
 from fedur.model import towers
-from fedur.model.towers import encode_image_other, is_open_clip_vit, text_tower, vision_blocks, vision_width
+from fedur.model.towers import encode_image_other, is_open_clip_vit, run_block, text_tower, vision_blocks, vision_width
 from fedur.network import reachable
 
 PACKAGE_MODEL_CONFIGS = Path(__file__).parent / "configs"
@@ -171,6 +172,33 @@ def check_weights(name: str, path: str) -> None:
         )
 
 
+def fake_clip(name: str, mode) -> FrozenCLIP:
+    """Model `name` (its config registered) built in the FakeTensorMode `mode` (shapes, no memory), frozen, with its
+    real tokenizer and real causal masks (small; the shared-prefix check reads them): what fedur/train/memory.py runs a
+    step on (the logit scale is real too). The class is open_clip's factory's choice (CLIP, CustomTextCLIP, CoCa),
+    built directly (the factory's move to a device cannot swap fake parameters) on the meta device, then made fake."""
+    from open_clip.model import CLIP, CustomTextCLIP
+
+    cfg = copy.deepcopy(open_clip.get_model_config(name))
+    custom = cfg.pop("custom_text", False) or "hf_model_name" in cfg["text_cfg"]
+    cls = (open_clip.CoCa if "multimodal_cfg" in cfg else CustomTextCLIP) if custom else CLIP
+    if "timm_model_name" in cfg["vision_cfg"]:
+        cfg["vision_cfg"]["timm_model_pretrained"] = False
+    with torch.device("meta"), _quiet_if(True):  # (timm's constructors read numbers they compute: not fake ones)
+        model = cls(**cfg)
+    with mode:
+        model.to_empty(device="cpu")  # fake CPU tensors: CPU autocast applies to them
+    for holder in (model, getattr(model, "text", None)):
+        mask = getattr(holder, "attn_mask", None)
+        if mask is not None:  # open_clip's build_causal_mask, as a real tensor
+            holder.attn_mask = torch.empty(mask.shape).fill_(float("-inf")).triu_(1)
+    model.logit_scale = nn.Parameter(torch.zeros(model.logit_scale.shape))  # read as a number: real (its value unused)
+    model.requires_grad_(False)
+    model.eval()
+    size = model.visual.image_size
+    return FrozenCLIP(model, None, open_clip.get_tokenizer(name), int(size[0] if isinstance(size, (tuple, list)) else size))
+
+
 def backbone_features(name: str) -> tuple[str, frozenset[str]]:
     """The towers of open_clip model `name` in words and which prompts they take (fedur/model/towers.py), read from
     its skeleton on the meta device (no memory, no weights). A Hugging Face text tower is named from the config
@@ -302,7 +330,7 @@ def _hub_reachable() -> bool:
 
 
 def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor, deep: Tensor | None = None,
-                           start: int = 1) -> Tensor:
+                           start: int = 1, checkpointed: bool = False) -> Tensor:
     """`CLIP.encode_text` from token embeddings instead of token ids (unnormalised features); also a
     CustomTextCLIP's `TextTransformer` (SigLIP, EVA, PE: `towers.text_tower`).
 
@@ -314,14 +342,18 @@ def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor,
     deep: deep text prompts (J - 1, n_ctx, width), the same for every row, or (n, J - 1, n_ctx, width), each row
     its own: before block i (1 <= i < J) positions start..start + n_ctx - 1 of the residual stream (the context's:
     1.. after CLIP's start token) are replaced by prompt i - 1, without a positional embedding (MaPLe's and
-    PromptSRC's text blocks); None: plain CLIP.
+    PromptSRC's text blocks); None: plain CLIP. checkpointed: recompute each block's activations in the backward
+    pass instead of keeping them (model.checkpointing; `towers.run_block`).
     """
     text = text_tower(model)
     length = embeddings.shape[1]
     cast_dtype = text.transformer.get_cast_dtype()
     x = embeddings.to(cast_dtype) + text.positional_embedding[:length].to(cast_dtype)  # (n, L, width)
     attn_mask = text.attn_mask[:length, :length] if text.attn_mask is not None else None
-    x = text.transformer(x, attn_mask=attn_mask) if deep is None else _deep_transformer(text.transformer, x, attn_mask, deep, start)
+    if deep is None and not checkpointed:
+        x = text.transformer(x, attn_mask=attn_mask)
+    else:
+        x = _deep_transformer(text.transformer, x, attn_mask, deep, start, checkpointed)
     x = text.ln_final(x)
     x = text_global_pool(x, tokens, text.text_pool_type, eos_token_id=getattr(text, "text_eos_id", None))
     if text.text_projection is not None:
@@ -329,11 +361,12 @@ def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor,
     return x  # (n, embed_dim)
 
 
-def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | None, deep: Tensor, start: int = 1) -> Tensor:
-    """open_clip's `Transformer.forward` on (n, L, width) with the deep text prompts `deep` put in before each block
-    (`encode_text_embeddings`)."""
-    per_row = deep.dim() == 4
-    n_deep, n_ctx = deep.shape[-3], deep.shape[-2]
+def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | None, deep: Tensor | None, start: int = 1,
+                      checkpointed: bool = False) -> Tensor:
+    """open_clip's `Transformer.forward` on (n, L, width) with the deep text prompts `deep` (None: none) put in before
+    each block (`encode_text_embeddings`), each block checkpointed with `checkpointed`."""
+    per_row = deep is not None and deep.dim() == 4
+    n_deep, n_ctx = (0, 0) if deep is None else (deep.shape[-3], deep.shape[-2])
     if not transformer.batch_first:
         x = x.transpose(0, 1).contiguous()  # NLD -> LND
     seq_dim = 1 if transformer.batch_first else 0
@@ -343,12 +376,13 @@ def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | Non
             prompt = prompt if seq_dim == 1 else prompt.transpose(0, 1)  # (n, n_ctx, width) or (n_ctx, n, width)
             rest = x.shape[seq_dim] - start - n_ctx
             x = torch.cat([x.narrow(seq_dim, 0, start), prompt, x.narrow(seq_dim, start + n_ctx, rest)], dim=seq_dim)
-        x = block(x, attn_mask=attn_mask)
+        x = run_block(block, x, checkpointed, attn_mask=attn_mask)
     return x if transformer.batch_first else x.transpose(0, 1)
 
 
 def encode_image_prompted(
-    visual: nn.Module, images: Tensor, prompts: Tensor | None, *, return_tokens: bool = False, persist: bool = False
+    visual: nn.Module, images: Tensor, prompts: Tensor | None, *, return_tokens: bool = False, persist: bool = False,
+    checkpointed: bool = False,
 ) -> Tensor:
     """`VisionTransformer.forward` with deep visual prompts (VPT-deep), unnormalised features.
 
@@ -365,10 +399,11 @@ def encode_image_prompted(
 
     persist: the last prompted block's prompt outputs go on through every later block (MaPLe's and PromptSRC's
     vision towers: their CLS token attends to them), and are dropped only before the pooling; False (VPT-deep):
-    dropped after each prompted block.
+    dropped after each prompted block. checkpointed: each block's activations recomputed in the backward pass
+    instead of kept (model.checkpointing; `towers.run_block`).
     """
     if not is_open_clip_vit(visual):  # a timm ViT or EVA, a ResNet, ...: fedur/model/towers.py
-        return encode_image_other(visual, images, prompts, return_tokens, persist)
+        return encode_image_other(visual, images, prompts, return_tokens, persist, checkpointed)
     x = visual._embeds(images)  # (B, 1 + patches, width)
     per_image = prompts is not None and prompts.dim() == 4
     depth = 0 if prompts is None else prompts.shape[int(per_image)]
@@ -384,11 +419,11 @@ def encode_image_prompted(
             else:
                 tokens = prompts[i].to(x.dtype).unsqueeze(1 - seq_dim).expand(*_expand_shape(x, n_tok, seq_dim))
             x = torch.cat([x, tokens], dim=seq_dim)  # (B, 1 + patches + n_tok, width)
-            x = block(x)
+            x = run_block(block, x, checkpointed)
             if not persist or i < depth - 1:
                 x = x.narrow(seq_dim, 0, x.shape[seq_dim] - n_tok)  # drop this block's prompt outputs
         else:
-            x = block(x)
+            x = run_block(block, x, checkpointed)
     if persist and depth:
         x = x.narrow(seq_dim, 0, x.shape[seq_dim] - n_tok)  # the persisting prompt outputs, before the pooling
     if not transformer.batch_first:

@@ -25,6 +25,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from fedur.errors import ConfigError
 
@@ -181,10 +182,20 @@ def vision_pre_norm(visual: nn.Module) -> nn.Module:
     return visual.trunk.norm_pre
 
 
-def encode_image_other(visual: nn.Module, images: Tensor, prompts: Tensor | None, return_tokens: bool, persist: bool) -> Tensor:
+def run_block(block: nn.Module, x: Tensor, checkpointed: bool = False, **kwargs) -> Tensor:
+    """`block(x, **kwargs)`; with `checkpointed` (model.checkpointing) and a gradient to compute, its activations are
+    not kept but recomputed in the backward pass (torch.utils.checkpoint, non-reentrant): the same values and
+    gradients, less memory, a second forward of the block."""
+    if checkpointed and torch.is_grad_enabled():
+        return checkpoint(block, x, use_reentrant=False, **kwargs)
+    return block(x, **kwargs)
+
+
+def encode_image_other(visual: nn.Module, images: Tensor, prompts: Tensor | None, return_tokens: bool, persist: bool,
+                       checkpointed: bool = False) -> Tensor:
     """`clip.encode_image_prompted` for a vision tower other than open_clip's ViT (same arguments and outputs)."""
     if _timm_kind(visual) is not None:
-        return _timm_prompted(visual, images, prompts, return_tokens, persist)
+        return _timm_prompted(visual, images, prompts, return_tokens, persist, checkpointed)
     if prompts is not None:
         vision_blocks(visual)  # refuses, naming the tower
     if return_tokens:
@@ -194,7 +205,8 @@ def encode_image_other(visual: nn.Module, images: Tensor, prompts: Tensor | None
     return visual(images)
 
 
-def _timm_prompted(visual: nn.Module, images: Tensor, prompts: Tensor | None, return_tokens: bool, persist: bool) -> Tensor:
+def _timm_prompted(visual: nn.Module, images: Tensor, prompts: Tensor | None, return_tokens: bool, persist: bool,
+                   checkpointed: bool = False) -> Tensor:
     """timm's `forward_features` + `forward_head` (then open_clip's head) with deep visual prompts: see the module
     docstring; the prompt arguments as `clip.encode_image_prompted`'s."""
     trunk = visual.trunk
@@ -214,7 +226,7 @@ def _timm_prompted(visual: nn.Module, images: Tensor, prompts: Tensor | None, re
             tokens = prompts[:, i] if per_image else prompts[i].unsqueeze(0).expand(x.shape[0], -1, -1)  # (B, n_tok, width)
             x = torch.cat([x, tokens.to(x.dtype)], dim=1)  # (B, N + n_tok, width)
             extra = n_tok
-        x = block(x, rope=_unrotated(rope, extra)) if eva else block(x)
+        x = run_block(block, x, checkpointed, rope=_unrotated(rope, extra)) if eva else run_block(block, x, checkpointed)
         if extra and (not persist or i < depth - 1):
             x, extra = x[:, :-extra], 0  # drop this block's prompt outputs
     if extra:

@@ -80,6 +80,8 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
         run_dir.root.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
     recorder = open_recorder(host, cfg, run_dir, history, start_round, truth, skipped)
+    if host.memory is not None:  # run.memory_estimate: before any compute on the model
+        recorder.note(host.memory.describe())
     state = RunState(server, privacy=private_releases(cfg, host, plan, server))
     if saved is None:
         with startup.timing("zero_shot"):
@@ -193,7 +195,8 @@ def finish(host: Host, cfg: Config, run_dir: RunDir, recorder: Recorder, state: 
         "skipped_images": recorder.skipped, "train_labels": plan.train_labels is not None, "test_labels": recorder.test_labels,
         **domains, **({} if state.privacy is None else {"privacy": state.privacy.summary()}),
         **({"system": plan.rules.summary(recorder.rounds)} if plan.rules.active else {}),
-        "environment": software_environment(fabric.device)})
+        "environment": software_environment(fabric.device),
+        **({} if host.memory is None else {"memory": host.memory.as_dict()})})
 
 
 def gather_placement(host: Host) -> dict:
