@@ -58,19 +58,19 @@ SPECIAL = {
                                "--privacy.noise_seed", "6"],
     # clients that drop and lag: uploads and histograms lost, lognormal speeds and bandwidths, a deadline at 0.9 x the
     # median time taking the late ones' partial work, 3 of 4 wanted and all 4 asked (over-selection), at least 2 taken
-    "fedur-stragglers": ["--federation.drop_rate", "0.3", "--federation.speeds", "lognormal", "--federation.bandwidth",
-                         "2000", "--federation.deadline", "0.9", "--federation.late", "partial", "--federation.join_rate",
-                         "0.75", "--federation.over_select", "0.34", "--federation.min_uploads", "2"],
+    "fedur-stragglers": ["--clock.drop_rate", "0.3", "--clock.speeds", "lognormal", "--clock.bandwidth",
+                         "2000", "--clock.deadline", "0.9", "--clock.late", "partial", "--federation.join_rate",
+                         "0.75", "--clock.over_select", "0.34", "--clock.min_uploads", "2"],
     # an attacker sending Gaussian garbage from its own per-round stream, the trimmed mean's rows
-    "fedcopl-attacked": ["--method", "FedCoPL", "--federation.attackers", "1", "--federation.attack", "gaussian",
-                         "--federation.aggregator", "trimmed_mean", "--federation.trim", "0.25"],
+    "fedcopl-attacked": ["--method", "FedCoPL", "--adversary.attackers", "1", "--adversary.attack", "gaussian",
+                         "--aggregator.rule", "trimmed_mean", "--aggregator.trim", "0.25"],
     # attackers (0 and 1) training on flipped pseudo-labels, multi-Krum's choice of rows, late uploads dropped at
     # 1.2 x the median time (client 1, the slowest, is late; client 0 is taken)
-    "promptfl-flipped-krum": ["--method", "PromptFL", "--federation.attackers", "2", "--federation.attack", "label_flip",
-                              "--federation.aggregator", "multi_krum", "--federation.speeds", "lognormal",
-                              "--federation.deadline", "1.2", "--federation.late", "drop", "--federation.min_uploads", "1"],
+    "promptfl-flipped-krum": ["--method", "PromptFL", "--adversary.attackers", "2", "--adversary.attack", "label_flip",
+                              "--aggregator.rule", "multi_krum", "--clock.speeds", "lognormal",
+                              "--clock.deadline", "1.2", "--clock.late", "drop", "--clock.min_uploads", "1"],
     # a boosted update clipped to the round's median update norm
-    "fedur-scaled-clipped": ["--federation.attackers", "1", "--federation.attack", "scale", "--federation.aggregator",
+    "fedur-scaled-clipped": ["--adversary.attackers", "1", "--adversary.attack", "scale", "--aggregator.rule",
                              "norm_clip"],
     # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
     "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",

@@ -21,6 +21,7 @@ import fedur.privacy.accountant as accountant
 import fedur.privacy.mechanism as mechanism
 from fedur.errors import ConfigError
 from fedur.federated import streams
+from fedur.labels.base import weighs_classes
 from fedur.methods.base import shared_names
 from fedur.privacy.accountant import Ledger, Releases
 
@@ -80,8 +81,7 @@ class Privacy:
                  for name, t in upload.items()}
         vector, norm = mechanism.clip(mechanism.flatten(delta), self.clip_norm)
         if self.local:
-            generator = streams.noise_generator(self.seed, streams.NOISE_PIECES, round_idx, client_id)
-            vector = vector + mechanism.gaussian(vector.shape, self.noise_multiplier * self.clip_norm, generator)
+            vector = self.release_client_update(vector, client_id, round_idx)
         return mechanism.unflatten(vector, {name: t.double() for name, t in delta.items()}), norm <= self.clip_norm
 
     def server_uploads(self, updates: dict[str, Tensor], downloaded: dict[str, Tensor], like: dict[str, Tensor],
@@ -99,10 +99,8 @@ class Privacy:
                 rows[name] = torch.where(_rows(took_part, update), base + update, torch.zeros_like(update)).to(like[name].dtype)
             return rows
         denominator = self.releases.rate * self.releases.clients if self.releases.sampling == "poisson" else drawn
-        z = self.update_multiplier()
-        generator = streams.noise_generator(self.seed, streams.NOISE_PIECES, round_idx)
         total = mechanism.flatten({name: u[took_part].sum(dim=0) for name, u in updates.items()})
-        noised = (total + mechanism.gaussian(total.shape, z * self.clip_norm, generator)) / max(denominator, 1e-12)
+        noised = self.release_update(total, round_idx) / max(denominator, 1e-12)
         mean = mechanism.unflatten(noised, {name: u[0] for name, u in updates.items()})
         for name, update in updates.items():
             value = (downloaded[name].double() + mean[name]) if name in downloaded else mean[name]
@@ -116,9 +114,8 @@ class Privacy:
         return mechanism.update_noise(self.noise_multiplier, self.count_std) if self.adaptive else self.noise_multiplier
 
     def next_clip(self, within: Tensor, denominator: float, round_idx: int) -> float:
-        generator = streams.noise_generator(self.seed, streams.NOISE_CLIP_COUNT, round_idx)
         # centred (each client's b - 1/2: sensitivity 1/2 under add/remove, as Andrew et al.'s split assumes)
-        count = float((within.double() - 0.5).sum()) + float(mechanism.gaussian((1,), self.count_std, generator)[0])
+        count = self.release_count(float((within.double() - 0.5).sum()), round_idx)
         return mechanism.next_clip(self.clip_norm, count / max(denominator, 1e-12) + 0.5, self.target_quantile, self.clip_lr)
 
     # -- the histograms of a refresh -----------------------------------------------------------------------------
@@ -126,18 +123,42 @@ class Privacy:
     def histogram(self, counts: Tensor, client_id: int, refresh_idx: int, what: int) -> Tensor:
         """(C,) float64: what leaves a client's rank of its histogram `counts` (what: streams.NOISE_ESTIMATES or
         NOISE_SELECTED): clipped to the bound, with its own noise in local mode."""
-        std = self.releases.histograms * self.histogram_bound if self.local else 0.0
-        return mechanism.noised_counts(counts, self.histogram_bound, std,
-                                       streams.noise_generator(self.seed, what, refresh_idx, client_id))
+        clipped, _ = mechanism.clip(counts.to(torch.float64), self.histogram_bound)
+        return self.release_client_histogram(clipped, client_id, refresh_idx, what) if self.local else clipped
 
     def totals(self, released: Tensor, members: Tensor, refresh_idx: int, what: int) -> Tensor:
         """(C,) int64: the released sum over the `members` of their gathered histograms ((K, C) float64): their sum
         (local: each already noised) or the sum plus the server's N(0, (z_h B)^2) (central)."""
         total = released[members].sum(dim=0)
-        if not self.local:
-            generator = streams.noise_generator(self.seed, what, refresh_idx)
-            total = total + mechanism.gaussian(total.shape, self.releases.histograms * self.histogram_bound, generator)
-        return mechanism.released_counts(total)
+        return mechanism.released_counts(total if self.local else self.release_histogram(total, refresh_idx, what))
+
+    # -- the mechanism: every draw of noise on what a client's data gives, and nothing else ----------------------
+
+    def release_update(self, total: Tensor, round_idx: int) -> Tensor:
+        """Central: the sum of the clipped updates (D,) plus the server's N(0, (z C)^2) (z: the update's share under
+        adaptive clipping)."""
+        generator = streams.noise_generator(self.seed, streams.NOISE_PIECES, round_idx)
+        return total + mechanism.gaussian(total.shape, self.update_multiplier() * self.clip_norm, generator)
+
+    def release_client_update(self, vector: Tensor, client_id: int, round_idx: int) -> Tensor:
+        """Local: a client's clipped update (D,) plus its own N(0, (z C)^2)."""
+        generator = streams.noise_generator(self.seed, streams.NOISE_PIECES, round_idx, client_id)
+        return vector + mechanism.gaussian(vector.shape, self.noise_multiplier * self.clip_norm, generator)
+
+    def release_count(self, count: float, round_idx: int) -> float:
+        """Adaptive clipping: the centred count of updates within C plus N(0, count_std^2)."""
+        generator = streams.noise_generator(self.seed, streams.NOISE_CLIP_COUNT, round_idx)
+        return count + float(mechanism.gaussian((1,), self.count_std, generator)[0])
+
+    def release_histogram(self, total: Tensor, refresh_idx: int, what: int) -> Tensor:
+        """Central: the sum (C,) of the clipped histograms plus the server's N(0, (z_h B)^2)."""
+        generator = streams.noise_generator(self.seed, what, refresh_idx)
+        return total + mechanism.gaussian(total.shape, self.releases.histograms * self.histogram_bound, generator)
+
+    def release_client_histogram(self, clipped: Tensor, client_id: int, refresh_idx: int, what: int) -> Tensor:
+        """Local: a client's clipped histogram (C,) plus its own N(0, (z_h B)^2)."""
+        generator = streams.noise_generator(self.seed, what, refresh_idx, client_id)
+        return clipped + mechanism.gaussian(clipped.shape, self.releases.histograms * self.histogram_bound, generator)
 
     # -- the accountant ------------------------------------------------------------------------------------------
 
@@ -294,11 +315,6 @@ def declares_messages(method) -> bool:
     return type(method).messages is not ClientSide.messages
 
 
-def weighs_classes(labeller: Labeller) -> bool:
-    """Whether the labeller's loss weighs its classes by the federation's selected counts (its `class_weights` of any
-    counts is not None): only then are the selected counts released at a refresh."""
-    ones = torch.ones(1, 2, dtype=torch.long)
-    return labeller.class_weights(ones, ones) is not None
 
 
 def secret_seed() -> int:

@@ -315,7 +315,7 @@ class Recorder:
 
     def record_virtual_time(self) -> None:
         """accuracy_virtual_time.png (and TensorBoard's accuracy/virtual_time image): the personal (and global) mean
-        accuracy against the virtual clock (federation.speeds ...; docs/system.md)."""
+        accuracy against the virtual clock (clock.speeds ...; docs/system.md)."""
         rounds = [r for r in self.rounds if r.get("virtual_clock") is not None]
         if not rounds or not self.test_labels:
             return

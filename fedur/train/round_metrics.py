@@ -40,7 +40,7 @@ class RoundOutcome:
     privacy: dict | None = None  # privacy on: epsilon at delta after the round, the clip (Privacy.round_record)
     arrivals: Arrivals | None = None  # who was asked, lost, late, taken, and when (fedur/federated/clock.py)
     trained: Tensor | None = None  # (K,) bool: the clients that trained (None: those with weight > 0)
-    kept_global: bool = False  # fewer uploads than federation.min_uploads: the global state stayed
+    kept_global: bool = False  # fewer uploads than clock.min_uploads: the global state stayed
     virtual_clock: float = 0.0  # the run's virtual seconds after this round
     poisoned: list[int] | None = None  # the attackers whose upload the round took
 
@@ -117,14 +117,14 @@ def answers(arrivals: Arrivals, outcome: RoundOutcome) -> dict:
     return {
         "asked": ids(arrivals.asked),  # drawn and uploading (privacy: every drawn client)
         "answered": ids(arrivals.answered),  # whose upload arrived, in time or late
-        "dropped": ids(arrivals.lost),  # trained and sent; the upload was lost (federation.drop_rate)
-        "late": ids(arrivals.late),  # past the deadline: left out, or cut short (federation.late partial)
-        "surplus": ids(arrivals.surplus),  # arrived after the first wanted ones (federation.over_select): not taken
+        "dropped": ids(arrivals.lost),  # trained and sent; the upload was lost (clock.drop_rate)
+        "late": ids(arrivals.late),  # past the deadline: left out, or cut short (clock.late partial)
+        "surplus": ids(arrivals.surplus),  # arrived after the first wanted ones (clock.over_select): not taken
         "accepted": ids(arrivals.accepted),  # whose upload the server aggregated (unless kept_global)
-        # whose pseudo-label histograms were lost at this round's refresh (federation.drop_rate)
+        # whose pseudo-label histograms were lost at this round's refresh (clock.drop_rate)
         "histograms_lost": ids(outcome.refresh.lost) if outcome.refreshed and outcome.refresh.lost is not None else [],
-        "attackers_accepted": outcome.poisoned or [],  # the attackers among them (federation.attackers)
-        "kept_global": outcome.kept_global,  # fewer than federation.min_uploads: nothing aggregated
+        "attackers_accepted": outcome.poisoned or [],  # the attackers among them (adversary.attackers)
+        "kept_global": outcome.kept_global,  # fewer than clock.min_uploads: nothing aggregated
         "virtual_seconds": arrivals.round_seconds,  # the round's virtual duration
         "virtual_clock": outcome.virtual_clock,  # the run's, after this round
         "deadline_seconds": arrivals.deadline_seconds,

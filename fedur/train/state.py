@@ -20,7 +20,7 @@ class RunState:
     carried_optimizer: dict | None = None  # optim.optimizer_state=shared: the momentum handed to the next client
     wall_seconds: float = 0.0  # over every session of the run, up to the last commit
     privacy: Privacy | None = None  # privacy.mode central | local: the ledger of releases and the clip norm
-    virtual_seconds: float = 0.0  # the virtual clock (federation.speeds ...): the rounds' virtual durations so far
+    virtual_seconds: float = 0.0  # the virtual clock (clock.speeds ...): the rounds' virtual durations so far
 
     @property
     def class_weights(self):

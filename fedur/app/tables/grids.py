@@ -381,15 +381,15 @@ PRIVACY_NOTE = ("demo: configs/smoke.yaml (4 clients, 5 rounds), each method wit
 # uploads lost, a deadline at 0.8 x the round's median time (late uploads dropped, or the partial work taken), and
 # over-selection (half the clients wanted, 3 of 4 asked, the first 2 taken). Each column with its virtual time.
 SYSTEM_METHODS = ("fedur", "fedcopl", "promptfl")
-SYSTEM_BASE = ("--federation.speeds", "lognormal", "--federation.bandwidth", "2000")
+SYSTEM_BASE = ("--clock.speeds", "lognormal", "--clock.bandwidth", "2000")
 SYSTEM_SETTINGS = (
     ("all", "all answer", ()),
-    ("drop20", "20% lost", ("--federation.drop_rate", "0.2")),
-    ("drop50", "50% lost", ("--federation.drop_rate", "0.5")),
-    ("deadline-drop", "deadline 0.8, drop", ("--federation.deadline", "0.8")),
-    ("deadline-partial", "deadline 0.8, partial", ("--federation.deadline", "0.8", "--federation.late", "partial")),
+    ("drop20", "20% lost", ("--clock.drop_rate", "0.2")),
+    ("drop50", "50% lost", ("--clock.drop_rate", "0.5")),
+    ("deadline-drop", "deadline 0.8, drop", ("--clock.deadline", "0.8")),
+    ("deadline-partial", "deadline 0.8, partial", ("--clock.deadline", "0.8", "--clock.late", "partial")),
     ("join50", "join 0.5", ("--federation.join_rate", "0.5")),
-    ("over-select", "join 0.5, over-select", ("--federation.join_rate", "0.5", "--federation.over_select", "0.5")),
+    ("over-select", "join 0.5, over-select", ("--federation.join_rate", "0.5", "--clock.over_select", "0.5")),
 )
 SYSTEM_OWNERS = tuple(Column(f"demo-system-{key}", label, "personal accuracy", "smoke.yaml", "synthetic", f"system-{key}",
                              (*SYSTEM_BASE, *flags), "presets/demo") for key, label, flags in SYSTEM_SETTINGS)
@@ -412,16 +412,16 @@ ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "n
 
 
 def robust_column(attack: str, aggregator: str) -> Column:
-    flags = ("--federation.aggregator", aggregator, "--federation.trim", "0.25")
+    flags = ("--aggregator.rule", aggregator, "--aggregator.trim", "0.25")
     if attack != "none":
-        flags += ("--federation.attackers", "1", "--federation.attack", attack)
+        flags += ("--adversary.attackers", "1", "--adversary.attack", attack)
     return Column(f"demo-robust-{attack}-{aggregator}", aggregator, f"attack: {attack}", "smoke.yaml", "synthetic",
                   f"robust-{attack}-{aggregator}", flags, "presets/demo")
 
 
 ROBUST_COLUMNS = tuple(robust_column(a, g) for a in ROBUST_ATTACKS for g in ROBUST_AGGREGATORS)
 ROBUST_NOTE = ("demo: configs/smoke.yaml (4 clients, 5 rounds), each method with its demo preset; one attacker "
-               "(federation.attackers 1) with the attack's default size (sign_flip -1 x, scale 10 x, gaussian N(0, 1), "
+               "(adversary.attackers 1) with the attack's default size (sign_flip -1 x, scale 10 x, gaussian N(0, 1), "
                "constant 1); personal accuracy (the attacker's own included).")
 
 GRIDS: dict[str, Grid] = {
