@@ -315,6 +315,10 @@ class RunConfig:
     """Also print the local training loss every n optimizer steps (0: only per round)."""
     progress: bool = True
     """Rank 0 shows progress bars with the time left (rounds, clients, epochs, pseudo-labelling)."""
+    loggers: list[Literal["tensorboard", "csv", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])
+    """Where the scalars, the settings and the figures also go, on rank 0 (docs/outputs.md): TensorBoard (RUN/tensorboard),
+    CSV files (RUN/csv), Weights & Biases (offline in RUN/wandb unless WANDB_MODE says otherwise) and MLflow (a file
+    store in RUN/mlruns unless MLFLOW_TRACKING_URI names one); [] for the run's own files only."""
     memory_estimate: Literal["auto", "on", "off"] = "auto"
     """Estimate a client's peak memory before any compute (the model, method and batch on fake tensors, a few seconds),
     print it at the start and write it to summary.json's memory: on a GPU (auto), always (on) or never (off)."""
@@ -441,7 +445,7 @@ RESULT_NEUTRAL = {
     "federation.rounds", "optim.eval_batch_size", "evaluation.global_model", "evaluation.membership_attack",
     "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
-    "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "run.figures", "fabric.accelerator",
+    "run.threads", "run.loggers", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "run.figures", "fabric.accelerator",
     "fabric.devices", "fabric.num_nodes", "fabric.strategy",
 }
 

@@ -15,6 +15,7 @@ from fedur.launch_env import LaunchEnv
 from fedur.methods.backbones import check_backbone
 from fedur.model.clip import check_model
 from fedur.train import faults
+from fedur.train.trackers import check_trackers
 
 
 def settle(cfg: Config, env: LaunchEnv) -> Config:
@@ -91,4 +92,5 @@ def check(cfg: Config, env: LaunchEnv) -> None:
     faults.injected()
     check_model(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
     check_backbone(cfg.method, cfg.model.name, cfg.model.visual_tokens)  # the method's prompts fit the model's towers
+    check_trackers(cfg.run.loggers)  # every run.loggers library is installed
     cfg.dataset.check()

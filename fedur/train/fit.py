@@ -163,7 +163,8 @@ def open_recorder(host: Host, cfg: Config, run_dir: RunDir, history: History, st
                   skipped: list[str]) -> Recorder:
     """Rank 0's sink, with what a run writes before its first round: config.yaml, its first line, placement.json,
     partition.json, and what it says once. Every rank calls this (the placement is gathered)."""
-    recorder = Recorder(run_dir, host.fabric.is_global_zero, history, start_round, host.progress, cfg.run.figures)
+    recorder = Recorder(run_dir, host.fabric.is_global_zero, history, start_round, host.progress, cfg.run.figures,
+                        tuple(cfg.run.loggers))
     recorder.start(cfg.yaml(), describe(host, cfg))
     recorder.record_placement(gather_placement(host))
     recorder.record_partition(truth.partition)

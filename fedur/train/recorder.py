@@ -1,6 +1,7 @@
 """The run's sink, on rank 0 the way Fabric's loggers are: it writes the run files (config.yaml,
 metrics.jsonl, summary.json, placement.json, partition.json, zero_shot.json, confusion.json and the
-PNGs), logs to TensorBoard, and prints the per-round line and the closing table. It never communicates:
+PNGs), logs to the trackers of run.loggers (TensorBoard by default; fedur/train/trackers.py), and prints the
+per-round line and the closing table. It never communicates:
 the round loop gathers every per-client value first. On the other ranks it only keeps the rounds.
 
 Rounds are counted from 1 wherever they are read: the round line, metrics.jsonl's "round", summary.json's
@@ -25,6 +26,7 @@ from fedur.federated.placement import placement_lines
 from fedur.metrics import accuracies, best, fmt, harmonic_mean, mean, pooled
 from fedur.train.progress import QUIET, Progress, eta_seconds, format_duration
 from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir, writing
+from fedur.train.trackers import Tracker, open_trackers
 
 
 def heatmap(*args, **kwargs):
@@ -66,7 +68,7 @@ def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accu
 class Recorder:
     def __init__(
         self, run_dir: RunDir, enabled: bool, history: History | None = None, start_round: int = 0,
-        progress: Progress = QUIET, figures: bool = True,
+        progress: Progress = QUIET, figures: bool = True, loggers: tuple[str, ...] = ("tensorboard",),
     ) -> None:
         self.run_dir, self.enabled, self.start_round, self.progress = run_dir, enabled, start_round, progress
         self.figures = figures  # run.figures: draw the heatmaps (else the numbers only)
@@ -80,24 +82,28 @@ class Recorder:
         self.adapted: dict = {}  # the new clients' accuracy after adapting (record_adapted)
         self.skipped: list[str] = []  # the images left out as unreadable (note_skipped)
         self.startup: dict[str, float] = {}  # where this session's time before its first round went (seconds)
-        self.tensorboard = None  # opened with the first round's record (`open_tensorboard`)
-        self.deferred: list | None = [] if enabled else None  # what waits for it: TensorBoard's step 0, the figures
+        self.loggers = loggers  # run.loggers
+        self.trackers: list[Tracker] | None = None  # opened with the first round's record (`open_trackers`)
+        self.deferred: list | None = [] if enabled else None  # what waits for them: the trackers' step 0, the figures
 
-    def open_tensorboard(self) -> None:
-        """TensorBoard's writer, and what waited for it: nothing a run needs before its first round is imported or
-        drawn before it (TensorBoard, matplotlib); called with the first round's record, or at the finish."""
+    def open_trackers(self) -> None:
+        """The trackers (run.loggers), and what waited for them: nothing a run needs before its first round is imported
+        or drawn before it (TensorBoard, W&B, matplotlib); called with the first round's record, or at the finish."""
         if self.deferred is None:
             return
-        from lightning.fabric.loggers import TensorBoardLogger
-
-        purge = {"purge_step": self.start_round + 1} if self.start_round else {}  # passed on to SummaryWriter
-        self.tensorboard = TensorBoardLogger(root_dir=str(self.run_dir.root), name="", version="tensorboard", **purge)
+        self.trackers = open_trackers(list(self.loggers), self.run_dir.root, self.start_round)
         waiting, self.deferred = self.deferred, None
         for write in waiting:
             write()
 
+    def _track(self, call) -> None:
+        """`call(tracker)` for every tracker, a write error naming the tracker's folder."""
+        for tracker in self.trackers or ():
+            with writing(tracker.folder):
+                call(tracker)
+
     def later(self, write) -> None:
-        """`write()` now, or once TensorBoard is open (`open_tensorboard`), in the order asked."""
+        """`write()` now, or once the trackers are open (`open_trackers`), in the order asked."""
         if self.deferred is not None:
             self.deferred.append(write)
         elif self.enabled:
@@ -133,8 +139,7 @@ class Recorder:
             pixels = rendered(fig)  # (H, W, 3) uint8
             close(fig)
             if logs:
-                with writing(self.run_dir.path("tensorboard")):
-                    self.tensorboard.experiment.add_image(tag, pixels, step, dataformats="HWC")
+                self._track(lambda tracker: tracker.image(tag, pixels, step))
             if file is not None:
                 with writing(self.run_dir.path(file)):
                     write_png(pixels, self.run_dir.path(file))
@@ -148,11 +153,10 @@ class Recorder:
             with writing(self.run_dir.path(name)):
                 self.run_dir.path(name).write_text(config_yaml)
         if self._logs(0):
-            def text() -> None:
-                with writing(self.run_dir.path("tensorboard")):
-                    self.tensorboard.experiment.add_text("config", f"```\n{config_yaml}\n```", 0)
+            import yaml
 
-            self.later(text)
+            settings = yaml.safe_load(config_yaml)
+            self.later(lambda: self._track(lambda tracker: tracker.config(config_yaml, settings)))
         self.note(description)
 
     def record_placement(self, placement: dict) -> None:
@@ -227,7 +231,7 @@ class Recorder:
             return
         with writing(self.run_dir.path(METRICS)), open(self.run_dir.path(METRICS), "a") as f:
             f.write(json.dumps(row) + "\n")
-        self.open_tensorboard()
+        self.open_trackers()
         step = row["round"] + 1 - self.first_round  # rounds completed, from 1
         scalars = {
             "accuracy/mean": row["mean_accuracy"],
@@ -342,16 +346,12 @@ class Recorder:
         if self._logs(step):
             clean = {k: v for k, v in scalars.items() if v is not None and math.isfinite(v)}
 
-            def write() -> None:
-                with writing(self.run_dir.path("tensorboard")):
-                    self.tensorboard.log_metrics(clean, step=step)
-
-            self.later(write)
+            self.later(lambda: self._track(lambda tracker: tracker.scalars(clean, step)))
 
     def finish(self, settings: dict, extra: dict) -> dict:
         """summary.json. The final accuracies are the last round's; with no round (zero-shot CLIP) the model
         that was evaluated is the zero-shot one."""
-        self.open_tensorboard()
+        self.open_trackers()
         zero_shot = self.zero_shot
         final = self.rounds[-1] if self.rounds else {  # zero-shot CLIP is its own server model
             "mean_accuracy": zero_shot.get("zero_shot_client_mean"),
@@ -393,17 +393,15 @@ class Recorder:
         if self.enabled:
             with writing(self.run_dir.path("summary.json")):
                 self.run_dir.path("summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if self.tensorboard is not None:
+        if self.trackers is not None:
             metrics = {
                 "hparams/final_mean_accuracy": summary["final_mean_accuracy"],
                 "hparams/best_mean_accuracy": summary["best_mean_accuracy"],
                 "hparams/zero_shot_client_mean": summary.get("zero_shot_client_mean"),
             }
             present = {k: v for k, v in metrics.items() if v is not None}
-            with writing(self.run_dir.path("tensorboard")):
-                if present:  # the settings with the final metrics, for TensorBoard's HPARAMS tab
-                    self.tensorboard.log_hyperparams(settings, present, step=len(self.rounds))
-                self.tensorboard.finalize("success")
+            self._track(lambda tracker: tracker.final(settings, present, len(self.rounds)))
+            self._track(lambda tracker: tracker.close("success"))
         if self.rounds:
             self.note(summary_table(self.rounds, self.zero_shot.get("zero_shot_client_accuracy"), self.test_labels))
         if not self.rounds or not self.test_labels:  # zero-shot CLIP (nothing was trained), or no accuracy to give
