@@ -275,6 +275,7 @@ def test_grids_resolve_to_configs_and_real_settings():
     assert len(expand(GRIDS["table7"], [1, 2, 3], Path("x"))) == 16 * 5 * 3
 
 
+@pytest.mark.slow  # eight skeletons built: 3 s
 def test_the_backbone_grid_says_what_each_backbone_takes_and_skips_what_it_cannot():
     from fedur.app.tables.grids import BACKBONES
     from fedur.model.clip import backbone_features, register_model_config

@@ -171,6 +171,7 @@ TINY_RUN = ["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--fede
             "--federation.num_clients", "2", "--run.progress", "false"]
 
 
+@pytest.mark.slow  # the command's parser and settling: 3 s (the refusal itself: the test above)
 def test_the_command_refuses_a_method_its_backbone_cannot_take_before_any_compute(families, tmp_path, run_main):
     name, _ = families["resnet"]
     result = run_main(*TINY_RUN, "--model.name", name, "--model.config_file", str(CONFIGS["resnet"]),

@@ -68,6 +68,7 @@ def test_bf16_halves_the_activations_and_a_unit_of_two_clients_doubles_the_batch
     assert two.batch == 64 and two.train_bytes > plain.train_bytes
 
 
+@pytest.mark.slow  # two forwards on fake tensors
 def test_a_forward_that_reads_values_is_estimated_by_the_base_forward_and_says_so():
     estimate = estimate_memory(ModelSpec("fedur-tiny", CLASSES, 2, 2, None), FedOTP(), 4, 8)
     assert estimate.forward.startswith("the base forward with FedOTP's pieces") and estimate.train_bytes > 0
