@@ -18,6 +18,7 @@ from jsonargparse.typing import (
     PositiveInt,
 )
 
+from fedur import channel
 from fedur.channel import AdversaryConfig, AggregatorConfig, ClockConfig, Stages
 from fedur.errors import ConfigError
 
@@ -251,8 +252,9 @@ class PrivacyConfig:
     """z_h: the noise multiplier of each refresh's pseudo-label histograms (the cooperative estimates and the
     selected counts, each clipped to privacy.histogram_bound); null: privacy.noise_multiplier."""
     histogram_bound: PositiveFloat | None = None
-    """The L2 bound of one client's histogram; null: the largest client's number of train images (a client's
-    counts sum to at most its images)."""
+    """The L2 bound of one client's histogram; null: the largest client's number of train images (a client's counts
+    sum to at most its images), which takes the clients' sizes as public; required with privacy.sampling poisson (a
+    client added or removed could change the largest)."""
     delta: OpenUnitInterval = 1e-5
     """delta of the (epsilon, delta) guarantee the run reports."""
     target_epsilon: PositiveFloat | None = None
@@ -262,6 +264,10 @@ class PrivacyConfig:
     start, broadcast to the ranks and kept in the checkpoint (a resume continues it; nobody can replay the noise).
     A fixed seed makes a private run repeatable, and its noise removable by anyone who knows it: for tests and
     reproductions, not for a guarantee."""
+    accountant: Literal["rdp", "pld"] = "rdp"
+    """How the releases are composed into epsilon: dp-accounting's RDP accountant (Renyi DP, Mironov 2017), or its PLD
+    accountant (privacy loss distributions: tighter, slower; it prices no sampling without replacement, so it takes
+    privacy.sampling poisson, or every client in every round)."""
     sampling: Literal["fixed", "poisson"] = "fixed"
     """How taking part is drawn and accounted: a fixed ceil(join_rate x K) clients without replacement (federation
     .join_rate; neighbouring federations differ in one client's data) or each client on its own with probability
@@ -373,7 +379,7 @@ class Config:
     @property
     def stages(self) -> Stages:
         """The settings of the channel's stages (fedur/channel/)."""
-        return Stages(self.clock, self.adversary, self.aggregator, self.privacy.mode)
+        return Stages({name: getattr(self, name) for name in channel.GROUPS}, self.privacy.mode)
 
     @property
     def settings(self) -> dict:
@@ -410,9 +416,7 @@ GROUPS = {
     "model": ModelConfig,
     "data": DataConfig,
     "federation": FederationConfig,
-    "clock": ClockConfig,
-    "adversary": AdversaryConfig,
-    "aggregator": AggregatorConfig,
+    **channel.GROUPS,  # clock, adversary, aggregator: the channel's stages (fedur/channel/), each a field of Config
     "optim": OptimConfig,
     "evaluation": EvaluationConfig,
     "privacy": PrivacyConfig,

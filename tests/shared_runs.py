@@ -19,8 +19,9 @@ SHARED = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federa
 
 # Smaller than a method's defaults where a test checks a bound the tiny data would not reach.
 SMALLER = {"pfedprompt": ["--method.cache_shots", "4"], "fedpgp": ["--method.rank", "2"]}
-# Beside a method's defaults where its case should exercise more: DP-FPL's local noise, drawn per client and step.
-SMALLER["dpfpl"] = ["--method.local_noise", "1.0"]
+# Beside a method's defaults where its case should exercise more: DP-FPL's local noise, drawn per client and step from
+# the run's secret seed (fixed here: runs of the same settings are compared).
+SMALLER["dpfpl"] = ["--method.local_noise", "1.0", "--privacy.noise_seed", "7"]
 
 # One mechanism each, beside the methods' own cases.
 SPECIAL = {
@@ -53,9 +54,10 @@ SPECIAL = {
     "fedur-private-central": ["--privacy.mode", "central", "--privacy.noise_multiplier", "0.5", "--privacy.clip", "0.05",
                               "--privacy.adaptive_clip", "true", "--federation.join_rate", "0.75", "--privacy.noise_seed", "5"],
     # local privacy: each upload (SCAFFOLD's control-variate deltas too) noised on its client's rank, Poisson sampling
+    # (the histograms' bound given: under Poisson sampling the clients' sizes are private; 111 is the largest client's)
     "scaffold-private-local": ["--method", "SCAFFOLD", "--privacy.mode", "local", "--privacy.noise_multiplier", "1.0",
                                "--privacy.clip", "0.05", "--privacy.sampling", "poisson", "--federation.join_rate", "0.75",
-                               "--privacy.noise_seed", "6"],
+                               "--privacy.noise_seed", "6", "--privacy.histogram_bound", "111"],
     # clients that drop and lag: uploads and histograms lost, lognormal speeds and bandwidths, a deadline at 0.9 x the
     # median time taking the late ones' partial work, 3 of 4 wanted and all 4 asked (over-selection), at least 2 taken
     "fedur-stragglers": ["--clock.drop_rate", "0.3", "--clock.speeds", "lognormal", "--clock.bandwidth",
@@ -92,6 +94,19 @@ def method_cases() -> dict[str, list[str]]:
         cases[f"{method.key}+{labeller.key}"] = ["--method", method.__name__, "--labeller", labeller.__name__,
                                                   *SMALLER.get(method.key, [])]
     return cases
+
+
+def method_of(flags: list[str]) -> type:
+    """The method class a case's flags run (FedUR without --method; a user's by its import path)."""
+    from fedur import plugins
+
+    name = flags[flags.index("--method") + 1] if "--method" in flags else "FedUR"
+    return next((cls for cls in plugins.builtin("method") if cls.__name__ == name), None) or plugins.by_path("method", name)
+
+
+def runs_rounds(flags: list[str]) -> bool:
+    """Whether the case's method runs rounds (zero-shot CLIP has none: no metrics.jsonl, no checkpoints)."""
+    return method_of(flags)().rounds(1) > 0
 
 
 def every_case() -> dict[str, list[str]]:

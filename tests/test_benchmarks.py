@@ -296,9 +296,17 @@ def test_learning_check_smallest_run(shared_dir, cifar_subset, tmp_path):
 def test_output_parity_cases_cover_every_method_and_compare_tells_runs_apart(tmp_path, monkeypatch, capsys):
     from fedur import plugins
 
+    from .shared_runs import SPECIAL
+
     parity = benchmark("output_parity")
-    methods = {args[args.index("--method") + 1] for args in parity.cases().values() if "--method" in args}
+    cases = parity.cases()
+    methods = {args[args.index("--method") + 1] for args in cases.values() if "--method" in args}
     assert {cls.__name__ for cls in plugins.builtin("method")} <= methods
+    pairs = {(args[args.index("--method") + 1], args[args.index("--labeller") + 1]) for args in cases.values()
+             if "--method" in args and "--labeller" in args}
+    assert {(m.__name__, lab.__name__) for m in plugins.builtin("method") if m.trains
+            for lab in plugins.builtin("labeller")} <= pairs  # every trainable method with every labeller
+    assert all(f"shared-{name}" in cases for name in SPECIAL)  # the test files' shared cases (privacy, stragglers, ...)
     before, after = tmp_path / "before" / "case", tmp_path / "after" / "case"
     for run in (before, after):
         (run / "prompts").mkdir(parents=True)

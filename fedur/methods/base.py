@@ -60,6 +60,8 @@ class ClientData:
 
     model: PromptedCLIP
     features: Callable[[ClientState, np.ndarray | None], Tensor]  # the process's pass over a client's images
+    secret_seed: int | None = None  # the run's secret seed (privacy's noise, a method's own secret draws:
+    # ClientSide.draws_secret_noise); None where the run draws no secret noise
 
     def train_features(self, client: ClientState, positions: np.ndarray | None = None) -> Tensor:
         """(n, D) unit-norm frozen CLIP image features (no prompts), float32 on CPU, of the client's train
@@ -79,6 +81,7 @@ class LocalStep:
     lr: float  # this step's learning rate (the schedule's, as the optimizer applies it; of its first piece, where the
     # pieces train at rates of their own: Piece.lr_scale)
     optimizer: torch.optim.Optimizer
+    round_idx: int = 0  # the round (from 0; a new client's adaptation: one past the last)
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,12 @@ class ClientSide:
         the round with; `text`: what `text_side` gave for `pieces` this step, the object `logits` was handed for the
         step's batch; `batch`: the batch, its logits and the labeller's loss of other logits); None: none."""
         return None
+
+    @property
+    def draws_secret_noise(self) -> bool:
+        """Whether the method's client side draws noise nobody may replay (DP-FPL's on its local prompt): the run then
+        has a secret seed (ClientData.secret_seed), drawn at its start and kept in its checkpoints."""
+        return False
 
     def before_step(self, step: LocalStep) -> None:
         """After backward, before the optimizer steps: may change the trained pieces' `.grad` in place."""

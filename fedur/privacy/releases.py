@@ -47,6 +47,7 @@ class Privacy:
     clip_lr: float = 0.2
     count_std: float = 1.0
     cooperative: bool = False  # the labeller releases its estimates at each refresh
+    bound_given: bool = True  # privacy.histogram_bound given (else read from the clients' sizes)
     ledger: Ledger = field(init=False)
     stopped_before: int | None = None  # the round (from 1) the run stopped before, at privacy.target_epsilon
 
@@ -173,6 +174,18 @@ class Privacy:
             self.ledger.rounds[0] += int(self.releases.pieces is not None)
             self.ledger.refreshes[0] += int(refreshed)
 
+    def stop_before(self, round_idx: int, rounds: int, refreshes: bool) -> str | None:
+        """The line that stops the run before round `round_idx` (from 0) whose releases (`refreshes`: a refresh's too)
+        would take epsilon past the target (the checkpoint stays the last round's; summary.json says so); None: none."""
+        if self.target_epsilon is None:
+            return None
+        after = self.epsilon_after(refreshes=refreshes)
+        if after <= self.target_epsilon:
+            return None
+        self.stopped_before = round_idx + 1
+        return (f"stopped before round {round_idx + 1} of {rounds}: its releases would take epsilon from "
+                f"{self.epsilon():.3f} to {after:.3f}, past privacy.target_epsilon={self.target_epsilon:g} (delta {self.delta:g})")
+
     def epsilons(self) -> list[float]:
         """epsilon at delta so far: [the federation's] (central) or each client's (local)."""
         return accountant.epsilons(self.releases, self.ledger, self.delta)
@@ -201,22 +214,26 @@ class Privacy:
                 "noise_multiplier": self.noise_multiplier, "histogram_noise": self.releases.histograms,
                 "clip": self.clip_norm, "target_epsilon": self.target_epsilon,
                 "stopped_at_target": self.stopped_before is not None, "stopped_before_round": self.stopped_before,
-                "accountant": "RDP (dp-accounting)", "sampling": self.releases.sampling}
+                "accountant": f"{self.releases.accountant.upper()} (dp-accounting)", "sampling": self.releases.sampling}
 
     def describe(self) -> str:
-        """The line a run with privacy starts with: the trust model and what is released."""
+        """The line a run with privacy starts with: the trust model, what is released, and what is not covered."""
         r = self.releases
         who = ("central: the ranks are trusted; each round the noised mean of the clipped updates is released"
                if not self.local else "local: each client's upload carries its own noise before it leaves its rank; "
-               "each client is accounted alone")
+               "each client is accounted alone (its quotas from its own estimate and the others' noised ones)")
         sampling = (f"{r.sampled} of {r.clients} clients drawn without replacement" if r.sampling == "fixed"
                     else f"Poisson sampling at rate {r.rate:g}")
+        hidden = "" if self.local or r.sampled >= r.clients and r.sampling == "fixed" else \
+            " from the secret seed (what the clients receive does not show who took part; the sampling discount)"
         clip = f"C {self.clip_norm:g}" + (f" adaptive (quantile {self.target_quantile:g})" if self.adaptive else "")
-        hist = (f"; {r.histograms_per_refresh} histogram(s) per refresh, bound {self.histogram_bound:g}, z_h "
-                f"{r.histograms:g}" if r.histograms_per_refresh else "")
+        bound = f"bound {self.histogram_bound:g}" + ("" if self.bound_given else " (the largest client's images: sizes taken as public)")
+        hist = (f"; {r.histograms_per_refresh} histogram(s) per refresh, {bound}, z_h {r.histograms:g}"
+                if r.histograms_per_refresh else "")
         target = "" if self.target_epsilon is None else f"; stops before epsilon would pass {self.target_epsilon:g}"
-        return (f"privacy {who}; z {self.noise_multiplier:g}, {clip}, {sampling}{hist}; epsilon at delta {self.delta:g} "
-                f"(RDP accountant, dp-accounting){target}")
+        return (f"privacy {who}; z {self.noise_multiplier:g}, {clip}, {sampling}{hidden}{hist}; epsilon at delta "
+                f"{self.delta:g} ({r.accountant.upper()} accountant, dp-accounting){target}; not covered: the run's own "
+                "record (metrics.jsonl, TensorBoard, the console: true counts, who took part, the virtual clock)")
 
     def state_dict(self) -> dict:
         """global.pt's "privacy": the ledger with the releases it was priced at, the clip, the secret seed."""
@@ -280,8 +297,17 @@ def build(cfg, federation: Federation, labeller: Labeller | None, method: Method
     per_refresh = 0 if labeller is None else int(labeller.cooperative) + int(weighs_classes(labeller))
     z = 1.0 if cfg.noise_multiplier == "calibrate" else float(cfg.noise_multiplier)
     z_h = z if cfg.histogram_noise is None else float(cfg.histogram_noise)
+    if cfg.accountant == "pld" and cfg.mode == "central" and cfg.sampling == "fixed" and sampled < num_clients:
+        raise ConfigError(f"privacy.accountant=pld prices no sampling without replacement ({sampled} of {num_clients} "
+                          "clients drawn; dp-accounting's PLD has no such event): use privacy.accountant rdp, or "
+                          "privacy.sampling poisson")
+    if cfg.sampling == "poisson" and per_refresh and cfg.histogram_bound is None:
+        raise ConfigError("privacy.sampling=poisson needs privacy.histogram_bound: the default, the largest client's train "
+                          "images, would change when a client is added or removed (its size is private); give a bound "
+                          "that does not depend on the data")
     releases = Releases(pieces=z if releases_update else None, histograms=z_h, histograms_per_refresh=per_refresh,
-                        clients=num_clients, sampled=sampled, rate=join_rate, sampling=cfg.sampling, local=cfg.mode == "local")
+                        clients=num_clients, sampled=sampled, rate=join_rate, sampling=cfg.sampling, local=cfg.mode == "local",
+                        accountant=cfg.accountant)
     if cfg.noise_multiplier == "calibrate":
         if cfg.target_epsilon is None:
             raise ConfigError("privacy.noise_multiplier=calibrate calibrates z to privacy.target_epsilon: set it")
@@ -296,7 +322,8 @@ def build(cfg, federation: Federation, labeller: Labeller | None, method: Method
     privacy = Privacy(mode=cfg.mode, noise_multiplier=z, clip_norm=float(cfg.clip), delta=float(cfg.delta),
                       seed=federation.seed, releases=releases, histogram_bound=bound, target_epsilon=cfg.target_epsilon,
                       adaptive=cfg.adaptive_clip, target_quantile=float(cfg.target_quantile), clip_lr=float(cfg.clip_lr),
-                      count_std=float(count_std), cooperative=labeller is not None and labeller.cooperative)
+                      count_std=float(count_std), cooperative=labeller is not None and labeller.cooperative,
+                      bound_given=cfg.histogram_bound is not None)
     if cfg.adaptive_clip:
         privacy.update_multiplier()  # a ConfigError where the count's noise takes the whole budget
     if cfg.target_epsilon is not None:

@@ -82,13 +82,14 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     recorder = open_recorder(host, cfg, run_dir, history, start_round, truth, skipped)
     if host.memory is not None:  # run.memory_estimate: before any compute on the model
         recorder.note(host.memory.describe())
-    state = RunState(server, privacy=plan.channel.privacy)
+    state = RunState(server, channel=plan.channel, secret_seed=host.secret_seed)
     if saved is None:
         with startup.timing("zero_shot"):
             counts, held_out = evaluate_zero_shot(host)
         recorder.record_zero_shot(counts, host.training, held_out)
     else:
         state.load_state_dict(saved)
+        host.secret_seed = state.secret_seed
         recorder.note(f"resumed from {resume.folder} (round {start_round + 1} of {cfg.federation.rounds} is next)")
     for line in plan.channel.describe():  # (after a resume: with the clip it restored)
         recorder.note(line)
@@ -97,7 +98,9 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     last, start_time, wall_before = None, time.perf_counter(), state.wall_seconds
     wall = lambda: wall_before + time.perf_counter() - start_time  # noqa: E731  (over every session of the run)
     for round_idx in progress.iterate(range(start_round, plan.rounds), "rounds", total=plan.rounds, initial=start_round):
-        if passes_target(state, recorder, round_idx, plan, host.tuner.labeller is not None):
+        stop_line = plan.channel.stop_before(round_idx, plan.rounds, plan.refreshes(round_idx, host.tuner.labeller))
+        if stop_line:  # (privacy.target_epsilon: this round's releases would pass it)
+            recorder.note(stop_line)
             break
         last = run_round(host, state, round_idx, plan)
         recorder.record_round(round_record(last, history.first_round))
@@ -120,6 +123,7 @@ def round_plan(cfg: Config, host: Host, truth: Truth, server: ServerState) -> Ro
     sizes = {c.client_id: torch.tensor(len(c.train_indices), device="cpu") for c in host.clients}
     train_sizes = host.gather(sizes, like=torch.tensor(0, device="cpu"), what="train sizes")
     rounds, num_training = host.method.rounds(fed.rounds), int(host.training.sum())
+    host.secret_seed = secret(cfg, host)
     privacy = private_releases(cfg, host, server, rounds, train_sizes)
     channel = channels.build(cfg.stages, privacy, num_training, cfg.run.seed, optim.batch_size, fed.local_epochs)
     return RoundPlan(
@@ -136,27 +140,21 @@ def private_releases(cfg: Config, host: Host, server: ServerState, rounds: int, 
     (the secret seed is broadcast)."""
     if cfg.privacy.mode == "none":
         return None
-    training, seed = host.training, cfg.privacy.noise_seed  # a secret one, the same on every rank (a resume: the saved)
-    seed = host.fabric.broadcast(secret_seed() if host.fabric.is_global_zero else None, src=0) if seed is None else seed
-    federation = Federation(int(training.sum()), cfg.federation.join_rate, seed, rounds, cfg.federation.refresh_every,
-                            train_sizes[training])
+    training = host.training
+    federation = Federation(int(training.sum()), cfg.federation.join_rate, host.secret_seed, rounds,
+                            cfg.federation.refresh_every, train_sizes[training])
     return build(cfg.privacy, federation, host.tuner.labeller, host.method, {**server.shared, **server.messages})
 
 
-def passes_target(state: RunState, recorder: Recorder, round_idx: int, plan: RoundPlan, labels: bool) -> bool:
-    """Whether round `round_idx`'s releases would take epsilon past privacy.target_epsilon: the run then stops before
-    it, says so in one line and in summary.json (the checkpoint stays the last round's)."""
-    privacy = plan.channel.privacy
-    if privacy is None or privacy.target_epsilon is None:
-        return False
-    after = privacy.epsilon_after(refreshes=labels and round_idx % plan.refresh_every == 0)
-    if after <= privacy.target_epsilon:
-        return False
-    privacy.stopped_before = round_idx + 1
-    recorder.note(f"stopped before round {round_idx + 1} of {plan.rounds}: its releases would take epsilon from "
-                  f"{privacy.epsilon():.3f} to {after:.3f}, past privacy.target_epsilon={privacy.target_epsilon:g} "
-                  f"(delta {privacy.delta:g})")
-    return True
+def secret(cfg: Config, host: Host) -> int | None:
+    """The run's secret seed where it draws noise nobody may replay (privacy on, or a method's own secret noise:
+    ClientSide.draws_secret_noise): privacy.noise_seed, or drawn from the operating system's randomness on rank 0 and
+    broadcast (a resume continues the saved one). None: the run draws none. Every rank calls this."""
+    if cfg.privacy.mode == "none" and not host.method.draws_secret_noise:
+        return None
+    if cfg.privacy.noise_seed is not None:
+        return cfg.privacy.noise_seed
+    return host.fabric.broadcast(secret_seed() if host.fabric.is_global_zero else None, src=0)
 
 
 def open_recorder(host: Host, cfg: Config, run_dir: RunDir, history: History, start_round: int, truth: Truth,
@@ -197,8 +195,7 @@ def finish(host: Host, cfg: Config, run_dir: RunDir, recorder: Recorder, state: 
         "num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,
         "dataset": host.dataset.name, "method": method.key, "labeller": None if labeller is None else labeller.key,
         "skipped_images": recorder.skipped, "train_labels": plan.train_labels is not None, "test_labels": recorder.test_labels,
-        **domains, **({} if state.privacy is None else {"privacy": state.privacy.summary()}),
-        **({"system": plan.channel.summary(recorder.rounds)} if plan.channel.system else {}),
+        **domains, **plan.channel.summary(recorder.rounds),
         "environment": software_environment(fabric.device),
         **({} if host.memory is None else {"memory": host.memory.as_dict()})})
 

@@ -75,6 +75,7 @@ class Host:
     test_owners: np.ndarray | None = None  # (n_test,) int64: the training client each test row is scored for in the
     # global protocol (the lowest id among the training clients holding it), -1 for a row none holds (setup.py)
     held_out: list[HeldOutSet] = field(default_factory=list)  # evaluation.base_to_novel's novel classes, a held-out domain
+    secret_seed: int | None = None  # the run's secret seed, where it draws secret noise (fedur/train/fit.py)
     memory: MemoryEstimate | None = None  # rank 0's estimate of a unit's peak memory (run.memory_estimate), else None
 
     def __post_init__(self) -> None:
@@ -102,7 +103,7 @@ class Host:
     @property
     def client_data(self) -> ClientData:
         """What the method's hooks may read of the clients beyond a batch (methods.base.ClientData)."""
-        return ClientData(self.model, self.train_features)
+        return ClientData(self.model, self.train_features, self.secret_seed)
 
     def units(self, clients: list[ClientState] | None = None) -> list[list[ClientState]]:
         """`clients` (default: every hosted one) in their units: groups of run.clients_per_step consecutive

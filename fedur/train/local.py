@@ -107,7 +107,7 @@ def _train_unit(host: Host, clients: list[ClientState], round_idx: int, optimize
             for k, out in zip(order, outs):
                 optimizer = optimizers[k][0]
                 lr = optimizer.param_groups[0]["lr"]  # a number: the schedule's, as SGD applies it
-                step = LocalStep(on_device[k], pieces[k], names, steps[k], epoch, lr, optimizer)
+                step = LocalStep(on_device[k], pieces[k], names, steps[k], epoch, lr, optimizer, round_idx)
                 method.before_step(step)
                 optimizer.step()
                 method.after_step(step)

@@ -50,8 +50,8 @@ class Histograms:
     def seen_by(self, own: Tensor, client_id: int) -> tuple[Tensor, int]:
         """(the sum, the number of clients) client `client_id` reads the federation's histograms as: the released
         ones, with its own row `own` added where its histogram was lost on the way (it knows its own)."""
-        lost = not bool(self.answered[client_id])
-        return (self.total + own if lost else self.total), int(self.answered.sum()) + int(lost)
+        lost = int(not bool(self.answered[client_id]))
+        return self.total + own * lost, int(self.answered.sum()) + lost
 
 
 def exchange_histograms(host: Host, channel: Channel, counts: dict[int, Tensor], over: Tensor, refresh_idx: int, what: int,
@@ -97,8 +97,7 @@ def refresh_pseudo_labels(host: Host, labeller: Labeller, channel: Channel, ask:
     """
     num_classes, n_total, refresh_idx = host.model.num_classes, ask.n_total, ask.refresh_idx
     members = host.training if ask.members is None else ask.members
-    lost = channel.histograms_lost(ask.round_idx, host.num_clients)
-    answered = members if lost is None else members & ~lost  # whose histograms arrive
+    answered, lost = channel.histograms_arrive(ask.round_idx, members)  # whose histograms arrive, whose are lost
     hosted = [c for c in host.clients if members[c.client_id]]
     predictions = host.predict("train", ask.zero_shot, desc="pseudo-labelling clients", clients=hosted)
     probs = {k: logits.softmax(dim=-1) for k, (logits, _) in predictions.items()}

@@ -58,7 +58,7 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
 
     drawn = take_part(host, state, round_idx, plan)  # who is asked, their weights, who will arrive (and when)
     started = {c.client_id: c.pieces for c in host.clients}  # before local training, for the divergence
-    local_losses, local = train_clients(host, state, round_idx, drawn.weights, plan, drawn.budgets) if method.trains else ({}, {})
+    local_losses, local = train_clients(host, state, round_idx, drawn, plan) if method.trains else ({}, {})
     clock.lap("train")
 
     divergence = prompt_divergence(host, started, drawn.weights, channel)
@@ -80,7 +80,7 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
         confusion=evaluation.confusion, losses=losses, uploads=uploads, seconds=clock.total(), phase_seconds=clock.laps,
         trains=method.trains, piece_bytes=drawn.piece_bytes, method_metrics=method_metrics, divergence=divergence,
         training=host.training, global_counts=evaluation.global_counts, held_out_counts=evaluation.held_out,
-        privacy=None if channel.privacy is None else channel.privacy.round_record(), arrivals=drawn.arrivals,
+        privacy=channel.round_record(), arrivals=drawn.arrivals,
         trained=drawn.weights > 0 if method.trains else None, kept_global=channel.kept_global(drawn.arrivals),
         virtual_clock=state.virtual_seconds, poisoned=channel.adversary.accepted(drawn.arrivals.accepted),
     )
@@ -93,34 +93,29 @@ def take_part(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> D
     method, channel = host.method, plan.channel
     num_training = int(host.training.sum())  # the others: evaluation.new_clients
     joined = torch.zeros(host.num_clients, dtype=torch.bool, device="cpu")  # drawn among the training clients only
-    joined[:num_training] = channel.draw(method, round_idx, num_training, plan.join_rate, plan.seed)
+    joined[:num_training] = channel.participants(method, round_idx, num_training, plan.join_rate, plan.seed)
     selected = None if state.refresh is None else state.refresh.selected.sum(dim=1)
     weights = method.client_weights(selected, plan.train_sizes) * joined  # 0 for the clients that sit out,
     if selected is not None:  # and for those without a pseudo-label
         weights = weights * (selected > 0)
-    piece_bytes = state.server.upload_bytes()
-    arrivals = channel.arrivals(round_idx, channel.uploaders(joined, weights), selected if method.trains else None,
-                                sum(piece_bytes.values()), wanted(plan.join_rate, num_training))
-    budgets = channel.budgets(arrivals)  # a client cut short trains the steps it can finish in time (none: it does not train)
-    if budgets is not None:
-        weights = weights * (budgets != 0)
-    return Drawn(joined, weights, arrivals, budgets, piece_bytes)
+    return channel.draw(round_idx, joined, weights, selected if method.trains else None, state.server.upload_bytes(),
+                        wanted(plan.join_rate, num_training))
 
 
-def train_clients(host: Host, state: RunState, round_idx: int, weights: Tensor, plan: RoundPlan,
-                  budgets: Tensor | None = None) -> tuple[dict[int, Tensor], dict[int, LocalRound]]:
+def train_clients(host: Host, state: RunState, round_idx: int, drawn: Drawn,
+                  plan: RoundPlan) -> tuple[dict[int, Tensor], dict[int, LocalRound]]:
     """Local training of this rank's clients that take part (weight > 0), unit by unit (fedur/train/local.py), each
-    for at most its `budgets` entry of local steps ((K,) int64, -1: all; None: all its steps; clock.late partial).
+    for at most the local steps the clock leaves it (`Drawn.limit`).
 
     Returns each trained client's (mean loss, loss_pos, loss_neg, first learning rate) and its LocalRound (what
     the method's upload sees of its training). SGD momentum starts fresh (optim.optimizer_state reset), from the
     client's own (client), or from the one the previous client handed on (shared; `state.carried_optimizer`).
     """
     losses, local, mode = {}, {}, plan.optimizer_state
-    joined = [c for c in host.clients if weights[c.client_id] > 0]
+    joined = [c for c in host.clients if drawn.weights[c.client_id] > 0]
     for unit in host.progress.iterate(host.units(joined), f"round {round_idx + 1} clients"):
         starts = [{"reset": None, "client": c.optimizer_state, "shared": state.carried_optimizer}[mode] for c in unit]
-        limits = None if budgets is None else [None if budgets[c.client_id] < 0 else int(budgets[c.client_id]) for c in unit]
+        limits = [drawn.limit(c.client_id) for c in unit]
         for client, result in zip(unit, train_unit(host, unit, round_idx, starts, plan.optim, state.class_weights, limits)):
             client.optimizer_state = result.optimizer_state if mode == "client" else None
             state.carried_optimizer = result.optimizer_state if mode == "shared" else None

@@ -1,4 +1,6 @@
-"""What a round reports (one line of metrics.jsonl) and what the run summary adds for domain splits."""
+"""What a round reports (one line of metrics.jsonl) and what the run summary adds for domain splits. Every key of the
+line is declared in fedur/train/round_fields.py (what it is, its TensorBoard tags, its round-line piece, its
+fedur-report column)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from fedur.data.partition import client_domains
 from fedur.federated.clock import Arrivals
 from fedur.metrics import accuracies, harmonic_mean, mean, pooled
 from fedur.train.refresh import Refresh
+from fedur.train.round_fields import undeclared
 
 
 @dataclass(kw_only=True)
@@ -65,7 +68,7 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
     new = torch.nonzero(~training).flatten().tolist()
     held_out = {name: None if counts is None else accuracies(counts.view(1, 2))[0]
                 for name, counts in (outcome.held_out_counts or {}).items()}
-    return {
+    row = {
         "round": outcome.round_idx + first_round,
         "rounds": rounds,
         "mean_accuracy": personal,  # personal: the plain mean over the training clients of each one's own test accuracy
@@ -106,6 +109,9 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
         **(outcome.privacy or {}),  # privacy on: "epsilon" (at "delta") spent so far, "clip" (and per client, local)
         **(answers(outcome.arrivals, outcome) if outcome.arrivals is not None else {}),
     }
+    if undeclared(row):  # internal: a key without its declaration (what it is, where it is shown)
+        raise RuntimeError(f"metrics.jsonl keys {undeclared(row)} are not declared in fedur/train/round_fields.py")
+    return row
 
 
 def ids(mask: Tensor) -> list[int]:

@@ -140,10 +140,11 @@ def stepped(method: DPFPL, prompt: torch.Tensor, grad: torch.Tensor, client_id: 
     """The local prompt's gradient after `method.before_step` on one step of a client holding run.seed 5."""
     local = prompt.clone().requires_grad_()
     local.grad = grad.clone()
-    extra = {"noise_seed": torch.tensor(5)} | ({} if round_idx is None else {"round": torch.tensor(round_idx)})
+    extra = {"noise_seed": torch.tensor(5)}
     client = ClientState(client_id, np.arange(2), np.arange(2), {"local_ctx": prompt}, extra=extra)
     optimizer = torch.optim.SGD([local], lr=0.1)
-    method.before_step(LocalStep(client, {"local_ctx": local}, ("text_ctx", "local_ctx"), step, 0, 0.1, optimizer))
+    method.before_step(LocalStep(client, {"local_ctx": local}, ("text_ctx", "local_ctx"), step, 0, 0.1, optimizer,
+                                 0 if round_idx is None else round_idx))
     return local.grad
 
 
@@ -204,7 +205,8 @@ def test_the_client_classifies_with_global_plus_local_the_originals_global_plus_
 
 def test_dpfpl_runs_through_the_round_loop(tmp_path):
     """One round of the tiny run: the global prompt averaged and downloaded by every client, each local prompt its
-    own, the round and run.seed kept with each client (checkpointed) for its next steps' streams."""
+    own, the round and the run's secret seed (local noise on: nobody with config.yaml can replay the noise) kept with
+    each client (checkpointed) for its next steps' streams."""
     from fedur.app.run import run
 
     cfg = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--federation.local_epochs", "1",
@@ -216,7 +218,10 @@ def test_dpfpl_runs_through_the_round_loop(tmp_path):
     start = initial_values(DPFPL().pieces(), result.host.model, cfg.run.seed)["local_ctx"]
     locals_ = [c.pieces["local_ctx"] for c in clients]
     assert all(not torch.equal(a, start) for a in locals_) and not torch.equal(locals_[0], locals_[1])
-    assert all(int(c.extra["round"]) == 1 and int(c.extra["noise_seed"]) == cfg.run.seed for c in clients)
+    secret = result.host.secret_seed
+    assert secret is not None and secret != cfg.run.seed  # drawn from the operating system's randomness
+    assert all(int(c.extra["round"]) == 1 and int(c.extra["noise_seed"]) == secret for c in clients)
+    assert int(torch.load(tmp_path / "checkpoints" / "round_00001" / "global.pt", weights_only=True)["secret_seed"]) == secret
     saved = torch.load(tmp_path / "prompts" / "client_001.pt", weights_only=True)
     assert torch.equal(saved["local_ctx"], locals_[1]) and int(saved["round"]) == 1
 
