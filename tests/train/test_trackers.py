@@ -31,7 +31,7 @@ def logged(tmp_path_factory):
     from fedur.app.cli import parse_config
     from fedur.app.run import run
 
-    names = [name for name in trackers.TRACKERS if INSTALLED[name]]
+    names = [name for name in trackers.LIBRARIES if INSTALLED[name]]
     out = tmp_path_factory.mktemp("trackers") / "run"
     run(parse_config([*RUN, "--run.output_dir", str(out), "--run.loggers", json.dumps(names)]))
     return out
