@@ -43,7 +43,8 @@ PROTOCOLS = {
 STAGES = {
     "none": [],
     "drops": ["--clock.drop_rate", "0.3", "--clock.min_uploads", "2"],
-    "deadline": ["--clock.speeds", "lognormal", "--clock.deadline", "3", "--clock.deadline_unit", "seconds", "--clock.late", "partial"],
+    "deadline": ["--clock.speeds", "lognormal", "--clock.deadline", "3", "--clock.deadline_unit", "seconds", "--clock.late",
+                 "partial", "--clock.min_uploads", "3"],
     **{f"attack-{attack}": ["--adversary.attackers", "1", "--adversary.attack", attack]
        for attack in ("sign_flip", "scale", "gaussian", "constant", "label_flip")},
     **{f"aggregator-{rule}": ["--aggregator.rule", rule] for rule in ("median", "trimmed_mean", "krum", "multi_krum", "norm_clip")},
