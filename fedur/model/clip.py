@@ -191,8 +191,8 @@ def fake_clip(name: str, mode) -> FrozenCLIP:
     for holder in (model, getattr(model, "text", None)):
         mask = getattr(holder, "attn_mask", None)
         if mask is not None:  # open_clip's build_causal_mask, as a real tensor
-            holder.attn_mask = torch.empty(mask.shape).fill_(float("-inf")).triu_(1)
-    model.logit_scale = nn.Parameter(torch.zeros(model.logit_scale.shape))  # read as a number: real (its value unused)
+            holder.attn_mask = torch.empty(mask.shape, device="cpu").fill_(float("-inf")).triu_(1)
+    model.logit_scale = nn.Parameter(torch.zeros(model.logit_scale.shape, device="cpu"))  # read as a number: real (its value unused)
     model.requires_grad_(False)
     model.eval()
     size = model.visual.image_size

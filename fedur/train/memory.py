@@ -177,11 +177,11 @@ def _train_step(model, method: Method, start: dict[str, Tensor], trained: list[s
     try:
         clients, batch, size = work.clients, work.batch, work.image_size
         pieces = [{n: (v.clone().requires_grad_(True) if n in trained else v) for n, v in start.items()} for _ in range(clients)]
-        images = [torch.zeros(batch, 3, size, size) for _ in range(clients)]
+        images = [torch.zeros(batch, 3, size, size, device="cpu") for _ in range(clients)]  # (fake tensors)
         states = [ClientState(k, None, None, dict(start)) for k in range(clients)]
         texts = forward.text_sides(method, model, pieces)
         logits = forward.group_logits(method, model, images, pieces, texts, states)
-        labels = torch.zeros(batch, dtype=torch.long)
+        labels = torch.zeros(batch, dtype=torch.long, device="cpu")
         loss = sum(F.cross_entropy(part.float(), labels) for part in logits)
         loss.backward()
         for p in pieces:
@@ -198,7 +198,7 @@ def _eval_pass(model, method: Method, start: dict[str, Tensor], work: Workload, 
     """The peak of an evaluation (or pseudo-labelling) pass: the text side once, one batch's logits, no gradient."""
     with torch.no_grad():
         state = ClientState(0, None, None, dict(start))
-        images = torch.zeros(work.eval_batch, 3, work.image_size, work.image_size)
+        images = torch.zeros(work.eval_batch, 3, work.image_size, work.image_size, device="cpu")
         logits = method.logits(model, images, start, method.text_side(model, start), state)
         logits.argmax(dim=1)
     return tracker.peak
