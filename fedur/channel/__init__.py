@@ -1,57 +1,54 @@
 """The channel: the one door through which everything a client sends passes, a round's uploads (its shared pieces and
 messages) and a refresh's pseudo-label histograms, as rows {name: (K, ...)} every rank holds alike.
 
-Its stages, each one file with one settings group, always composed in this order:
+Its stages, each one module with one settings group (fedur/channel/stage.py says what a stage is), composed in one
+order, `ORDER`:
 
-    draw       who is asked: the method's draw (Method.participants), or under privacy a draw from the secret seed
     clock      who answers in time, who is lost, how many local steps each may take (clock.py, `clock:`)
     adversary  what an attacker sends in place of its own, or the flipped labels it trains on (adversary.py, `adversary:`)
-    noise      what leaves a client's rank under privacy: its update clipped, with its own noise in local mode
-               (noise.py, `privacy:`)
-    reducer    what the server makes of the accepted rows: the method's mean, a robust rule (reducer.py, `aggregator:`),
-               or under central privacy the noised mean (noise.py)
-    ledger     privacy's accountant prices every release (fedur/privacy/)
+    noise      what leaves a client's rank under privacy: its update clipped, with its own noise in local mode; at the
+               server, central privacy's noised mean (noise.py, `privacy:`)
+    reducer    what the server makes of the accepted rows: the method's mean or a robust rule (reducer.py, `aggregator:`)
 
-A stage that is off passes its input on. The round loop (fedur/train/round.py) and the exchange
-(fedur/train/exchange.py) ask the channel, never a stage; which stages may be composed follows from what each needs
-and gives (`check`: one line per refusal, with its reason).
+Before them the draw (who is asked: the method's draw, Method.participants, or under privacy a draw from the secret
+seed), after them privacy's ledger (fedur/privacy/), which prices every release. A client's send leaves its rank
+through every stage's `leave` in this order, and the gathered rows reach the method through every stage's `release`
+in it; a stage that is off passes them on. The round loop (fedur/train/round.py) and the exchange
+(fedur/train/server.py, fedur/train/refresh.py) ask the channel, never a stage; which stages may be composed follows
+from what each refuses (`check`: one line per refusal, with its reason).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from fedur.channel import adversary as adversaries
-from fedur.channel import clock as clocks
-from fedur.channel import reducer as reducers
+from fedur.channel import adversary, clock, noise, reducer
 from fedur.channel.adversary import Adversary, AdversaryConfig
 from fedur.channel.clock import Clock, ClockConfig
 from fedur.channel.noise import Noise
 from fedur.channel.reducer import AggregatorConfig, Reducer
+from fedur.channel.stage import Building, Exchange, Stage, Stages
 from fedur.errors import ConfigError
 from fedur.federated.clock import Arrivals
-from fedur.methods.base import shared_names
 
 if TYPE_CHECKING:
     from fedur.labels import Labeller
     from fedur.methods import Method
     from fedur.privacy import Privacy
 
-__all__ = ["AdversaryConfig", "AggregatorConfig", "Channel", "ClockConfig", "Drawn", "Stages", "check"]
+__all__ = ["AdversaryConfig", "AggregatorConfig", "Channel", "ClockConfig", "Drawn", "ORDER", "Stages", "check"]
+
+ORDER = (clock, adversary, noise, reducer)  # the stages' modules, in the order a send passes them
+GROUPS = {stage.GROUP: stage.CONFIG for stage in ORDER if stage.CONFIG is not None}  # their settings groups
 
 
-@dataclass(frozen=True)
-class Stages:
-    """A run's stage settings, each its own group (fedur/config.py holds them): what `check` and `build` read."""
-
-    clock: ClockConfig = field(default_factory=ClockConfig)
-    adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
-    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
-    privacy_mode: str = "none"  # privacy.mode: none | central | local
+def defaults(privacy_mode: str = "none", **groups) -> Stages:
+    """Stages with every group at its defaults but those given (`groups`: {group: its settings})."""
+    return Stages({name: groups.get(name, config()) for name, config in GROUPS.items()}, privacy_mode)
 
 
 @dataclass(frozen=True)
@@ -72,17 +69,33 @@ class Drawn:
 
 @dataclass
 class Channel:
-    """A run's stages, built once (`build`); every rank holds the same."""
+    """A run's stages in ORDER, built once (`build`); every rank holds the same."""
 
-    clock: Clock
-    adversary: Adversary
-    noise: Noise
-    reducer: Reducer
+    stages: tuple[Stage, ...]
 
     @classmethod
     def alone(cls) -> Channel:
         """Every stage off: a client that sends nothing (a new client adapting alone, evaluation.new_clients)."""
-        return cls(Clock(seed=0), Adversary(seed=0), Noise(None), Reducer())
+        return cls((Clock(seed=0), Adversary(seed=0), Noise(None), Reducer()))
+
+    def _stage(self, kind: type) -> Stage:
+        return next(stage for stage in self.stages if isinstance(stage, kind))
+
+    @property
+    def clock(self) -> Clock:
+        return self._stage(Clock)
+
+    @property
+    def adversary(self) -> Adversary:
+        return self._stage(Adversary)
+
+    @property
+    def noise(self) -> Noise:
+        return self._stage(Noise)
+
+    @property
+    def reducer(self) -> Reducer:
+        return self._stage(Reducer)
 
     @property
     def privacy(self) -> Privacy | None:
@@ -91,8 +104,8 @@ class Channel:
 
     @property
     def system(self) -> bool:
-        """Whether the clock, the adversary or the reducer is on (a run's answers are then recorded)."""
-        return self.clock.active or self.adversary.active or self.reducer.active
+        """Whether a stage beside privacy acts (a run's answers are then recorded)."""
+        return any(stage.active for stage in self.stages if stage is not self.noise)
 
     @property
     def reports_updates(self) -> bool:
@@ -103,7 +116,7 @@ class Channel:
     def describe(self) -> list[str]:
         """The lines a run starts with: privacy's, and what the clients do ("clients: ...")."""
         lines = [] if self.privacy is None else [self.privacy.describe()]
-        parts = [*self.clock.describe(), *self.adversary.describe(), *self.reducer.describe()]
+        parts = [part for stage in self.stages for part in stage.describe()]
         return lines + (["clients: " + "; ".join(parts)] if parts else [])
 
     # -- before anyone trains ----------------------------------------------------------------------------------
@@ -147,16 +160,21 @@ class Channel:
         return self.noise.wire(expected)
 
     def leave(self, client_id: int, round_idx: int, upload: dict[str, Tensor], current: dict[str, Tensor]) -> dict[str, Tensor]:
-        """What leaves client `client_id`'s rank of its upload: an attacker's in place of its own, then clipped and
-        noised under privacy."""
-        return self.noise.leave(client_id, round_idx, self.adversary.poison(client_id, round_idx, upload, current), current)
+        """What leaves client `client_id`'s rank of its upload: every stage's `leave` in order (an attacker's in place
+        of its own, then clipped and noised under privacy)."""
+        for stage in self.stages:
+            upload = stage.leave(client_id, round_idx, upload, current)
+        return upload
 
-    def release(self, gathered: dict[str, Tensor], weights: Tensor, current: dict[str, Tensor], expected: dict[str, Tensor],
-                drawn: int, round_idx: int) -> tuple[dict[str, Tensor], Tensor, dict]:
-        """The rows the method sees, {name: (K, *shape)}, their weights and the reducer's metrics, from the gathered
-        sends (`weights` > 0: the taken ones; `drawn`: the clients asked, privacy's denominator)."""
-        rows = self.noise.rows(gathered, current, expected, weights > 0, drawn, round_idx)
-        return self.reducer.reduce(rows, weights, {name: current[name] for name in current if name in rows})
+    def release(self, gathered: dict[str, Tensor], weights: Tensor, exchange: Exchange) -> tuple[dict[str, Tensor], Tensor, dict]:
+        """The rows the method sees, {name: (K, *shape)}, their weights and the stages' metrics, from the gathered
+        sends (`weights` > 0: the taken ones): every stage's `release` in order (central privacy's noised mean, a
+        robust rule)."""
+        rows, metrics = dict(gathered), {}
+        for stage in self.stages:
+            rows, weights, said = stage.release(rows, weights, exchange)
+            metrics.update(said)
+        return rows, weights, metrics
 
     @property
     def own_rows(self) -> bool:
@@ -230,62 +248,16 @@ def check(stages: Stages, method: Method, labeller: Labeller | None, num_clients
 
 
 def composition(stages: Stages, method: Method, labeller: Labeller | None) -> list[str]:
-    """What the stages, the method and its labeller cannot do together, each as the line that refuses it (the first
-    is raised): derived from what each stage needs and gives."""
-    name, mode, rule = type(method).__name__, stages.privacy_mode, stages.aggregator.rule
-    private, central, robust = mode != "none", mode == "central", rule != "mean"
-    shares, sums = bool(shared_names(method)), bool(method.summed)
-    out = []
-    if robust and (sums or not shares):
-        what = "sums its clients' statistics (Method.summed)" if sums else "shares no piece"
-        out.append(f"aggregator.rule={rule} combines the clients' uploads of the shared pieces, and {name} {what}; use "
-                   "aggregator.rule=mean")
-    if stages.adversary.poisons_updates and not shares:
-        out.append(f"adversary.attack={stages.adversary.attack} replaces a client's update of the shared pieces, and {name} "
-                   "shares none; label_flip poisons its pseudo-labels instead")
-    if stages.adversary.attack == "label_flip" and labeller is None:
-        out.append(f"adversary.attack=label_flip flips pseudo-labels, and {name} has none")
-    if central and robust:
-        out.append(f"privacy.mode=central releases the noised mean of the clipped updates, a reducer of its own: "
-                   f"aggregator.rule={rule} over the rows is not in its accounting; use aggregator.rule=mean, or "
-                   "privacy.mode=local (a rule over rows noised on their ranks is post-processing)")
-    if private and stages.clock.reads_steps:
-        out.append(f"privacy.mode={mode} with {clock_reading(stages.clock)}: who counts would follow a client's own number "
-                   "of local steps (its pseudo-label count: private data); under privacy a deadline is in virtual seconds "
-                   "with clock.late=partial (it caps each client's steps from public speeds), and no over-selection")
-    if method.reads_rows == "own" and (central or rule in reducers.ONE_VALUE):
-        what = "privacy.mode=central" if central else f"aggregator.rule={rule}"
-        out.append(f"{name} keeps each client's own upload (its aggregate reads ServerRound.rows), and {what} releases one "
-                   "value for all of them; use aggregator.rule mean (or krum, multi_krum, norm_clip), or privacy.mode "
-                   "local or none")
-    if private and method.personal_means():
-        out.append(f"{name}'s server model averages the clients' personal {', '.join(method.personal_means())} "
-                   f"({name}.personal_means), which privacy.mode={mode} does not release; share them (method.share), "
-                   "or keep the template (method.global_text template)")
-    if private and labeller is not None and getattr(labeller, "weight_source", "realized") == "requested":
-        out.append(f"labeller.weight_source=requested weighs classes by the clients' summed quotas, which privacy.mode="
-                   f"{mode} does not release (only the noised selected counts); use labeller.weight_source=realized")
-    return out
-
-
-def clock_reading(clock: ClockConfig) -> str:
-    """The clock settings that read each client's own steps, as the refusal names them."""
-    parts = []
-    if clock.deadline is not None and clock.deadline_unit == "median":
-        parts.append("clock.deadline_unit=median")
-    if clock.deadline is not None and clock.late == "drop":
-        parts.append("clock.late=drop")
-    if clock.over_select:
-        parts.append("clock.over_select")
-    return ", ".join(parts)
+    """What the stages, the method and its labeller cannot do together, each as the line that refuses it (the first is
+    raised): every stage's `refusals`, in ORDER."""
+    return [line for stage in ORDER for line in stage.refusals(stages, method, labeller)]
 
 
 def build(stages: Stages, privacy: Privacy | None, num_clients: int, seed: int, batch_size: int, local_epochs: int) -> Channel:
-    """The run's Channel for `num_clients` training clients (checked: `check`); `privacy`: the run's mechanism and
-    ledger (fedur/privacy/releases.py::build; None: off)."""
-    adversary = adversaries.build(stages.adversary, num_clients, seed)
-    return Channel(clock=clocks.build(stages.clock, num_clients, seed, batch_size, local_epochs, public=privacy is not None),
-                   adversary=adversary, noise=Noise(privacy), reducer=reducers.build(stages.aggregator, len(adversary.attackers)))
+    """The run's Channel for `num_clients` training clients (checked: `check`): every stage of ORDER from its settings;
+    `privacy`: the run's mechanism and ledger (fedur/privacy/releases.py::build; None: off)."""
+    building = Building(stages, num_clients, seed, batch_size, local_epochs, privacy)
+    return Channel(tuple(stage.build(getattr(stages, stage.GROUP, None), building) for stage in ORDER))
 
 
 def wanted(join_rate: float, num_clients: int) -> int:

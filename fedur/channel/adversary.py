@@ -9,15 +9,23 @@ The attackers are drawn once per run from run.seed, an attacker's garbage from i
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from jsonargparse.typing import NonNegativeFloat, PositiveFloat
 from torch import Tensor
 
+from fedur.channel.stage import Building, Stage, Stages
 from fedur.errors import ConfigError
 from fedur.federated import streams
 from fedur.federated.attacks import DEFAULT_SCALE, MODEL_ATTACKS, flipped_labels, poisoned_update
 from fedur.labels.base import PseudoLabels
+from fedur.methods.base import shared_names
+
+if TYPE_CHECKING:
+    from fedur.labels import Labeller
+    from fedur.methods import Method
+
+GROUP = "adversary"
 
 
 @dataclass
@@ -57,8 +65,22 @@ class AdversaryConfig:
         return self.attack in MODEL_ATTACKS
 
 
+CONFIG = AdversaryConfig
+
+
+def refusals(stages: Stages, method: Method, labeller: Labeller | None) -> list[str]:
+    """A model attack needs shared pieces to replace, a label flip pseudo-labels to flip."""
+    attack, name, out = stages.adversary.attack, type(method).__name__, []
+    if attack in MODEL_ATTACKS and not shared_names(method):
+        out.append(f"adversary.attack={attack} replaces a client's update of the shared pieces, and {name} shares none; "
+                   "label_flip poisons its pseudo-labels instead")
+    if attack == "label_flip" and labeller is None:
+        out.append(f"adversary.attack=label_flip flips pseudo-labels, and {name} has none")
+    return out
+
+
 @dataclass(frozen=True)
-class Adversary:
+class Adversary(Stage):
     """The run's attackers and their attack (plain values, fixed for the run; every rank the same)."""
 
     seed: int  # run.seed: the attackers, an attacker's garbage
@@ -74,7 +96,7 @@ class Adversary:
         """What the console's "clients:" line says of the attackers."""
         return [f"attackers {list(self.attackers)} ({self.attack}, scale {self.scale:g})"] if self.attackers else []
 
-    def poison(self, client_id: int, round_idx: int, upload: dict[str, Tensor], current: dict[str, Tensor]) -> dict[str, Tensor]:
+    def leave(self, client_id: int, round_idx: int, upload: dict[str, Tensor], current: dict[str, Tensor]) -> dict[str, Tensor]:
         """What client `client_id` sends in round `round_idx` (from 0) in place of `upload`: an attacker's shared pieces
         the downloaded value (`current`) plus the attack's update (its messages as they are); anyone else's as it is."""
         if self.attack not in MODEL_ATTACKS or client_id not in self.attackers:
@@ -99,9 +121,9 @@ class Adversary:
         return [k for k in self.attackers if bool(accepted[k])]
 
 
-def build(cfg: AdversaryConfig, num_clients: int, seed: int) -> Adversary:
-    """The run's Adversary from its settings for `num_clients` training clients (a ConfigError where they cannot
-    hold: AdversaryConfig.count)."""
+def build(cfg: AdversaryConfig, building: Building) -> Adversary:
+    """The run's Adversary from its settings (a ConfigError where they cannot hold: AdversaryConfig.count)."""
+    num_clients, seed = building.num_clients, building.seed
     count = cfg.count(num_clients)
     return Adversary(seed=seed, attackers=tuple(streams.chosen(num_clients, count, seed)) if count else (),
                      attack=cfg.attack, scale=cfg.scale if cfg.scale is not None else DEFAULT_SCALE.get(cfg.attack, 1.0))

@@ -19,17 +19,24 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
 from torch import Tensor
 
+from fedur.channel.stage import Building, Stage, Stages
 from fedur.errors import ConfigError
 from fedur.federated import clock, streams
 from fedur.federated.clock import Arrivals
 from fedur.ranges import LossRate
+
+if TYPE_CHECKING:
+    from fedur.labels import Labeller
+    from fedur.methods import Method
+
+GROUP = "clock"
 
 
 @dataclass
@@ -81,8 +88,34 @@ class ClockConfig:
         return self.deadline is not None and (self.deadline_unit == "median" or self.late == "drop") or self.over_select > 0
 
 
+CONFIG = ClockConfig
+
+
+def refusals(stages: Stages, method: Method, labeller: Labeller | None) -> list[str]:
+    """Under privacy the clock reads public quantities only: no deadline in units of the median time, no late upload
+    dropped, no over-selection (each would let a client's own number of steps decide who counts)."""
+    clock, mode = stages.clock, stages.privacy_mode
+    if mode == "none" or not clock.reads_steps:
+        return []
+    return [f"privacy.mode={mode} with {reading(clock)}: who counts would follow a client's own number of local steps (its "
+            "pseudo-label count: private data); under privacy a deadline is in virtual seconds with clock.late=partial (it "
+            "caps each client's steps from public speeds), and no over-selection"]
+
+
+def reading(clock: ClockConfig) -> str:
+    """The clock settings that read each client's own steps, as the refusal names them."""
+    parts = []
+    if clock.deadline is not None and clock.deadline_unit == "median":
+        parts.append("clock.deadline_unit=median")
+    if clock.deadline is not None and clock.late == "drop":
+        parts.append("clock.late=drop")
+    if clock.over_select:
+        parts.append("clock.over_select")
+    return ", ".join(parts)
+
+
 @dataclass(frozen=True)
-class Clock:
+class Clock(Stage):
     """The run's clock (plain values, fixed for the run; every rank the same)."""
 
     seed: int  # run.seed: the losses, the speeds
@@ -180,13 +213,14 @@ class Clock:
                               "deadline, a larger clock.bandwidth, or deadline_unit median")
 
 
-def build(cfg: ClockConfig, num_clients: int, seed: int, batch_size: int, local_epochs: int, public: bool = False) -> Clock:
-    """The run's Clock from its settings for `num_clients` training clients (a ConfigError for a speeds file that
-    cannot be read or does not fit). `public`: privacy is on (the module's docstring)."""
-    speeds, bandwidths = client_speeds(cfg.speeds, num_clients, cfg.speed_spread, seed, cfg.bandwidth)
+def build(cfg: ClockConfig, building: Building) -> Clock:
+    """The run's Clock from its settings (a ConfigError for a speeds file that cannot be read or does not fit); a
+    public clock where privacy is on (the module's docstring)."""
+    seed = building.seed
+    speeds, bandwidths = client_speeds(cfg.speeds, building.num_clients, cfg.speed_spread, seed, cfg.bandwidth)
     return Clock(seed=seed, drop_rate=cfg.drop_rate, speeds=speeds, bandwidths=bandwidths, deadline=cfg.deadline,
                  deadline_unit=cfg.deadline_unit, late=cfg.late, over_select=cfg.over_select, min_uploads=cfg.min_uploads,
-                 batch_size=batch_size, local_epochs=local_epochs, public=public)
+                 batch_size=building.batch_size, local_epochs=building.local_epochs, public=building.privacy is not None)
 
 
 def client_speeds(spec: str, num_clients: int, spread: float, seed: int, bandwidth: float | None) -> tuple[Tensor | None, Tensor | None]:

@@ -6,26 +6,53 @@ clipped together to privacy.clip, with its own Gaussian noise in local mode; its
 privacy.histogram_bound, with its own noise in local mode. At the server (`rows`, `histogram_total`): in central mode
 the one release of a round is the noised mean of the clipped updates (it stands in every accepted row: the reducer of
 a private run), and of a refresh the noised sum of each histogram; in local mode each client's noised update is its
-row. Every release goes through the four functions of fedur/privacy/releases.py::Privacy that draw noise
-(`release_update`, `release_client_update`, `release_histogram`, `release_client_histogram`): the mechanism, which a
+row. Every release goes through the five functions of fedur/privacy/releases.py::Privacy that draw noise
+(`release_update`, `release_client_update`, `release_count`, `release_histogram`, `release_client_histogram`): the mechanism, which a
 test replaces by a stub to show that nothing else of the clients' data reaches what they receive.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from fedur.channel.stage import Building, Exchange, Stage, Stages
 from fedur.privacy import Privacy
 from fedur.privacy.mechanism import released_counts
 
+if TYPE_CHECKING:
+    from fedur.labels import Labeller
+    from fedur.methods import Method
+
+GROUP, CONFIG = "privacy", None  # its settings: fedur/config.py::PrivacyConfig, built by fedur/privacy/releases.py::build
 WITHIN = "privacy/within_clip"  # a wire entry under adaptive clipping: whether a client's update norm was within C
 
 
+def refusals(stages: Stages, method: Method, labeller: Labeller | None) -> list[str]:
+    """Under privacy nothing but the mechanism's releases leaves the clients: no server model of the clients' personal
+    pieces, no class weights from quotas nobody releases; under central privacy one noised mean stands for every row,
+    which a method that keeps each client's own row cannot take."""
+    mode, name, out = stages.privacy_mode, type(method).__name__, []
+    if mode == "none":
+        return out
+    if mode == "central" and method.reads_rows == "own":
+        out.append(f"{name} keeps each client's own upload (its aggregate reads ServerRound.rows), and privacy.mode=central "
+                   "releases one value for all of them; use privacy.mode local or none")
+    if method.personal_means():
+        out.append(f"{name}'s server model averages the clients' personal {', '.join(method.personal_means())} "
+                   f"({name}.personal_means), which privacy.mode={mode} does not release; share them (method.share), or keep "
+                   "the template (method.global_text template)")
+    if labeller is not None and getattr(labeller, "weight_source", "realized") == "requested":
+        out.append(f"labeller.weight_source=requested weighs classes by the clients' summed quotas, which privacy.mode={mode} "
+                   "does not release (only the noised selected counts); use labeller.weight_source=realized")
+    return out
+
+
 @dataclass
-class Noise:
+class Noise(Stage):
     """The privacy stage of a run (None: privacy off)."""
 
     privacy: Privacy | None = None
@@ -54,15 +81,15 @@ class Noise:
         update, inside = self.privacy.client_update(upload, downloaded, client_id, round_idx)
         return {**update, WITHIN: torch.tensor(int(inside), device="cpu")} if self.privacy.adaptive else update
 
-    def rows(self, gathered: dict[str, Tensor], downloaded: dict[str, Tensor], expected: dict[str, Tensor], taken: Tensor,
-             denominator: int, round_idx: int) -> dict[str, Tensor]:
+    def release(self, rows: dict[str, Tensor], weights: Tensor, exchange: Exchange) -> tuple[dict[str, Tensor], Tensor, dict]:
         """The rows the reducer and the method see, {name: (K, *shape)} in the upload's dtypes, from the gathered
         sends: as they are (privacy off), each accepted client's noised update added to what it downloaded (local),
-        or the one release in every accepted row (central; `denominator`: the clients drawn, m)."""
+        or the one release in every accepted row (central; its denominator the clients drawn, m)."""
         if self.privacy is None:
-            return gathered
-        within = gathered.pop(WITHIN).bool() if WITHIN in gathered else None
-        return self.privacy.server_uploads(gathered, downloaded, expected, taken, denominator, within, round_idx)
+            return rows, weights, {}
+        within = rows.pop(WITHIN).bool() if WITHIN in rows else None
+        return self.privacy.server_uploads(rows, exchange.current, exchange.expected, weights > 0, exchange.drawn, within,
+                                           exchange.round_idx), weights, {}
 
     def histogram(self, counts: Tensor, client_id: int, refresh_idx: int, what: int) -> Tensor:
         """What leaves client `client_id`'s rank of its (C,) int64 histogram `counts` (`what`: streams.NOISE_ESTIMATES
@@ -97,3 +124,8 @@ class Noise:
     def counted(self, rows: Tensor) -> Tensor:
         """(K, C) int64 the gathered histogram rows as counts (privacy: clipped, local noised; rounded, at least 0)."""
         return rows if self.privacy is None else released_counts(rows)
+
+
+def build(cfg: None, building: Building) -> Noise:
+    """The run's privacy stage: the mechanism fedur/privacy/releases.py::build made of the `privacy:` settings."""
+    return Noise(building.privacy)

@@ -14,15 +14,22 @@ The arithmetic is fedur/federated/robust.py's, tested against Flower's own funct
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveFloat
 from torch import Tensor
 
+from fedur.channel.stage import Building, Exchange, Stage, Stages
 from fedur.federated import robust
+from fedur.methods.base import shared_names
 from fedur.ranges import TrimShare
 
+if TYPE_CHECKING:
+    from fedur.labels import Labeller
+    from fedur.methods import Method
+
+GROUP = "aggregator"
 ONE_VALUE = ("median", "trimmed_mean")  # the rules that release one value, not each client's row
 
 
@@ -46,8 +53,31 @@ class AggregatorConfig:
     norms. (Not privacy.clip, which bounds what a client releases under privacy.)"""
 
 
+CONFIG = AggregatorConfig
+
+
+def refusals(stages: Stages, method: Method, labeller: Labeller | None) -> list[str]:
+    """A robust rule needs each client's row of the shared pieces (not a sum of statistics, not central privacy's one
+    noised mean); a rule that releases one value cannot feed a method that keeps each client's own row."""
+    rule, name, out = stages.aggregator.rule, type(method).__name__, []
+    if rule == "mean":
+        return out
+    if method.summed or not shared_names(method):
+        what = "sums its clients' statistics (Method.summed)" if method.summed else "shares no piece"
+        out.append(f"aggregator.rule={rule} combines the clients' uploads of the shared pieces, and {name} {what}; use "
+                   "aggregator.rule=mean")
+    if stages.privacy_mode == "central":
+        out.append(f"privacy.mode=central releases the noised mean of the clipped updates, a reducer of its own: "
+                   f"aggregator.rule={rule} over the rows is not in its accounting; use aggregator.rule=mean, or "
+                   "privacy.mode=local (a rule over rows noised on their ranks is post-processing)")
+    if rule in ONE_VALUE and method.reads_rows == "own":
+        out.append(f"{name} keeps each client's own upload (its aggregate reads ServerRound.rows), and aggregator.rule={rule} "
+                   "releases one value for all of them; use aggregator.rule mean, krum, multi_krum or norm_clip")
+    return out
+
+
 @dataclass(frozen=True)
-class Reducer:
+class Reducer(Stage):
     """The run's rule (plain values, fixed for the run; every rank the same)."""
 
     rule: str = "mean"
@@ -106,8 +136,12 @@ class Reducer:
     def named(self, metrics: dict) -> dict:
         return {f"{self.rule}/{key}": value for key, value in metrics.items()}
 
+    def release(self, rows: dict[str, Tensor], weights: Tensor, exchange: Exchange) -> tuple[dict[str, Tensor], Tensor, dict]:
+        return self.reduce(rows, weights, {name: value for name, value in exchange.current.items() if name in rows})
 
-def build(cfg: AggregatorConfig, attackers: int) -> Reducer:
-    """The run's Reducer from its settings; `attackers`: the run's number (Krum's f unless aggregator.krum_malicious)."""
+
+def build(cfg: AggregatorConfig, building: Building) -> Reducer:
+    """The run's Reducer from its settings; Krum's f is the run's number of attackers unless aggregator.krum_malicious."""
+    attackers = building.stages.adversary.count(building.num_clients)
     return Reducer(rule=cfg.rule, trim=float(cfg.trim), krum_malicious=cfg.krum_malicious if cfg.krum_malicious is not None else attackers,
                    krum_keep=cfg.krum_keep, norm_bound=cfg.norm_bound)

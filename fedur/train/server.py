@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from fedur.channel.stage import Exchange
 from fedur.errors import PluginError
 from fedur.federated.client import check_tensors
 from fedur.methods.base import Aggregated, LocalRound, Method, ServerRound, shared_names
@@ -71,7 +72,8 @@ def exchange(host: Host, server: ServerState, channel: Channel, drawn: Drawn, lo
             gathered[name] = host.collectives.sum_clients(pieces, host.num_clients, like, weights > 0, what)
         else:
             gathered[name] = host.gather(pieces, like=like, what=what)
-    rows, weights, metrics = channel.release(gathered, weights, server.shared, expected, int(drawn.joined.sum()), number - 1)
+    exchanged = Exchange(dict(server.shared), expected, int(drawn.joined.sum()), number - 1)
+    rows, weights, metrics = channel.release(gathered, weights, exchanged)
     released = ServerRound(number, rounds, rows, weights, dict(server.shared), dict(server.method), host.training,
                            own_rows=channel.own_rows, rows_readable=channel.own_rows or method.reads_rows == "released",
                            reducer=channel.reducer_name, summed=tuple(method.summed))

@@ -6,7 +6,7 @@ import pytest
 
 from fedur.app.cli import parse_config
 from fedur.app.settle import settle
-from fedur.channel import Stages, composition
+from fedur.channel import composition, defaults
 from fedur.channel.adversary import AdversaryConfig
 from fedur.channel.clock import ClockConfig
 from fedur.channel.reducer import AggregatorConfig
@@ -80,15 +80,15 @@ def test_privacy_under_poisson_sampling_needs_a_histogram_bound_and_pld_needs_a_
 def test_every_refusal_names_the_settings_it_refuses():
     """Each line the composition can give names the settings that make it (so a user knows what to change)."""
     cases = [
-        (Stages(aggregator=AggregatorConfig(rule="median")), "GDAU", "aggregator.rule"),
-        (Stages(adversary=AdversaryConfig(attackers=1, attack="sign_flip")), "ZeroShot", "adversary.attack"),
-        (Stages(privacy_mode="local", clock=ClockConfig(over_select=0.5)), "FedUR", "clock.over_select"),
-        (Stages(privacy_mode="central", aggregator=AggregatorConfig(rule="krum")), "FedUR", "privacy.mode=central"),
+        (defaults(aggregator=AggregatorConfig(rule="median")), "GDAU", "aggregator.rule"),
+        (defaults(adversary=AdversaryConfig(attackers=1, attack="sign_flip")), "ZeroShot", "adversary.attack"),
+        (defaults("local", clock=ClockConfig(over_select=0.5)), "FedUR", "clock.over_select"),
+        (defaults("central", aggregator=AggregatorConfig(rule="krum")), "FedUR", "privacy.mode=central"),
     ]
     methods = {cls.__name__: cls for cls in builtin("method")}
     for stages, name, says in cases:
         method = methods[name]()
         lines = composition(stages, method, method.default_labeller())
         assert lines and says in lines[0], (name, lines)
-    assert composition(Stages(), FedUR(), FedUR().default_labeller()) == []  # everything off: nothing refused
-    assert composition(Stages(privacy_mode="central"), PromptFL(), PromptFL().default_labeller()) == []
+    assert composition(defaults(), FedUR(), FedUR().default_labeller()) == []  # everything off: nothing refused
+    assert composition(defaults("central"), PromptFL(), PromptFL().default_labeller()) == []

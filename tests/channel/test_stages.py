@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedur.channel import adversary, clock, reducer
+from fedur.channel import adversary, clock, defaults, reducer
 from fedur.channel.adversary import Adversary, AdversaryConfig
 from fedur.channel.clock import Clock, ClockConfig, client_speeds, read_speeds
 from fedur.channel.reducer import Reducer
+from fedur.channel.stage import Building
 from fedur.errors import ConfigError
 from fedur.federated import streams
 from fedur.federated.robust import coordinate_median
@@ -77,16 +78,16 @@ def test_norm_clipping_bounds_each_update_of_all_shared_pieces_together():
 def test_an_attacker_poisons_its_shared_pieces_and_nobody_elses():
     rules = Adversary(seed=3, attackers=(1,), attack="sign_flip", scale=2.0)
     honest = {"visual": torch.tensor([1.5, 0.0]), "deep": torch.tensor([[1.0]]), "message": torch.tensor([9.0])}
-    assert rules.poison(0, 0, honest, CURRENT) is honest
-    got = rules.poison(1, 0, honest, CURRENT)
+    assert rules.leave(0, 0, honest, CURRENT) is honest
+    got = rules.leave(1, 0, honest, CURRENT)
     assert got["visual"].tolist() == [0.0, 3.0] and got["deep"].tolist() == [[-2.0]]  # 1 - 2 x (0.5, -1); 0 - 2 x 1
     assert got["message"] is honest["message"]
     garbage = Adversary(seed=3, attackers=(1,), attack="gaussian", scale=1.0)
-    first, again = garbage.poison(1, 4, honest, CURRENT), garbage.poison(1, 4, honest, CURRENT)
+    first, again = garbage.leave(1, 4, honest, CURRENT), garbage.leave(1, 4, honest, CURRENT)
     assert torch.equal(first["visual"], again["visual"])  # its own stream: the same on any rank, on a resume
-    assert not torch.equal(first["visual"], garbage.poison(1, 5, honest, CURRENT)["visual"])
+    assert not torch.equal(first["visual"], garbage.leave(1, 5, honest, CURRENT)["visual"])
     flipped = Adversary(seed=3, attackers=(1,), attack="label_flip")
-    assert flipped.poison(1, 0, honest, CURRENT) is honest  # its attack is on its pseudo-labels
+    assert flipped.leave(1, 0, honest, CURRENT) is honest  # its attack is on its pseudo-labels
     chosen = PseudoLabels(torch.tensor([0, 2]), torch.tensor([0, 1]), torch.tensor([[True, False, False], [False, False, True]]))
     assert flipped.labels(1, chosen, 3).labels.tolist() == [2, 1] and flipped.labels(0, chosen, 3) is chosen
     assert flipped.labels(1, chosen, 3).mask.tolist() == [[False, False, True], [True, False, False]]
@@ -147,10 +148,12 @@ def test_attackers_are_a_count_or_a_fraction_drawn_once_per_run():
         count(11)
     with pytest.raises(ConfigError, match="whole number"):
         count(1.5)
-    rules = adversary.build(AdversaryConfig(attackers=3, attack="scale"), 10, 7)
+    stages = defaults(adversary=AdversaryConfig(attackers=3, attack="scale"), aggregator=reducer.AggregatorConfig(rule="krum"))
+    building = Building(stages, 10, 7, 32, 1, None)
+    rules = adversary.build(stages.adversary, building)
     assert rules.attackers == tuple(streams.chosen(10, 3, 7)) and len(set(rules.attackers)) == 3
     assert rules.scale == 10.0  # the attack's default
-    assert reducer.build(reducer.AggregatorConfig(rule="krum"), len(rules.attackers)).krum_malicious == 3  # Krum assumes them
+    assert reducer.build(stages.aggregator, building).krum_malicious == 3  # Krum assumes them
 
 
 @pytest.mark.parametrize(("check", "says"), [
@@ -165,7 +168,7 @@ def test_settings_that_cannot_run_are_refused_before_anything(check, says):
 
 
 def test_a_deadline_in_seconds_no_upload_can_meet_is_refused():
-    rules = clock.build(ClockConfig(bandwidth=100.0, deadline=2.0, deadline_unit="seconds"), 4, 0, 32, 1)
+    rules = clock.build(ClockConfig(bandwidth=100.0, deadline=2.0, deadline_unit="seconds"), Building(defaults(), 4, 0, 32, 1, None))
     rules.check_deadline(150)  # 1.5 s to send: some may arrive
     with pytest.raises(ConfigError, match="no upload could arrive in time"):
         rules.check_deadline(300)
