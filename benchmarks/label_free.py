@@ -29,11 +29,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fedur.evaluation.choice import estimator_errors, label_free_choice  # noqa: E402
-from fedur.evaluation.estimators import ESTIMATORS  # noqa: E402
+from fedur.evaluation.estimators import DEFAULT, ESTIMATORS  # noqa: E402
 
 METHODS = {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL", "pfedmoap": "PFedMoAP"}
 CHOOSERS = [e for e in ESTIMATORS if not e.startswith("agreement")]  # the estimators that can rank every candidate
-LABEL_FREE = ["--data.validation_fraction", "0.2", "--evaluation.select", "label_free"]
+# (evaluation.estimator: the choice each run keeps, mano's as the runs of benchmarks/results/label_free/ were made; the
+# table recomputes every estimator's choice from the runs' metrics.jsonl, so this changes none of its numbers)
+LABEL_FREE = ["--data.validation_fraction", "0.2", "--evaluation.select", "label_free", "--evaluation.estimator", "mano"]
 DATASETS = {"demo": "the demo (configs/smoke.yaml: the demo CLIP on ten generated shapes, 4 clients, Dirichlet 0.5, 5 rounds)",
             "proxy": "tiny-clip on CIFAR-10 JPEGs (configs/proxy/cifar10-tinyclip.yaml: 10 clients, Dirichlet 0.1, 10 rounds)"}
 
@@ -158,15 +160,37 @@ def tables(dataset: str, found: dict) -> str:
             below = sum(below_zero_shot(c, err[e]["mae"]["personal"]) for c, err in zip(choices, entry["errors"]))
             within = "yes" if got["regret"] is not None and got["regret"] <= 1.0 else "no"
             out.append(f"| {METHODS[method]} | {e} | " + " | ".join(fmt(got[k]) for k in got) + f" | {within} | {below} |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out + ranking(found)) + "\n"
+
+
+def ranking(found: dict) -> list[str]:
+    """The four methods' runs of a seed ranked as fedur-tables ranks a grid's runs (fedur/app/tables/ranking.py): by
+    the default estimator's estimate of what the clients keep (their label-free choice), against the best by accuracy."""
+    seeds = sorted({run.rsplit("-seed", 1)[1] for entry in found.values() for run in entry["runs"]}, key=int)
+    out = ["", f"The methods' runs of each seed ranked without labels, as fedur-tables ranks a grid's runs: by the mean "
+           f"{DEFAULT} estimate of the models the clients choose ({DEFAULT}'s choice), against the best by accuracy.", "",
+           "| seed | chosen method | its estimate | its accuracy | best method | its accuracy | regret |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    regrets = []
+    for seed in seeds:
+        runs = [(METHODS[m], entry["choices"][i][DEFAULT]) for m, entry in found.items()
+                for i, run in enumerate(entry["runs"]) if run.endswith(f"-seed{seed}")]
+        if len(runs) < 2:
+            continue
+        chosen = max(runs, key=lambda r: r[1]["chosen_estimate_mean"])
+        best = max(runs, key=lambda r: r[1]["chosen_mean"])
+        regrets.append(best[1]["chosen_mean"] - chosen[1]["chosen_mean"])
+        out.append(f"| {seed} | {chosen[0]} | {fmt(chosen[1]['chosen_estimate_mean'])} | {fmt(chosen[1]['chosen_mean'])} | "
+                   f"{best[0]} | {fmt(best[1]['chosen_mean'])} | {fmt(regrets[-1])} |")
+    return out + (["", f"Mean regret: {fmt(mean(regrets))} points."] if regrets else [])
 
 
 def table(args: argparse.Namespace) -> int:
     parts, data = ["# Accuracy without labels: each estimator's error and the label-free choice", "",
                    f"`python benchmarks/label_free.py table {args.workdir} --out {args.out}` over the runs of "
                    "`python benchmarks/label_free.py run DATASET`, every run with "
-                   f"`{' '.join(LABEL_FREE)}` (the run keeps the choice of evaluation.estimator mano; the others' choices "
-                   "are recomputed from its metrics.jsonl with fedur.evaluation.choice)."], {}
+                   f"`{' '.join(LABEL_FREE)}` (the run keeps mano's choice, which the table checks; every estimator's choice "
+                   "is recomputed from its metrics.jsonl with fedur.evaluation.choice).", *([args.note] if args.note else [])], {}
     for dataset in DATASETS:
         folder = args.workdir / dataset
         if folder.is_dir():
@@ -176,7 +200,7 @@ def table(args: argparse.Namespace) -> int:
                 parts += ["", tables(dataset, found)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "label_free.md").write_text("\n".join(parts) + "\n")
-    (args.out / "label_free.json").write_text(json.dumps(data, indent=1) + "\n")
+    (args.out / "label_free.json").write_text(json.dumps(data, separators=(",", ":")) + "\n")
     print("\n".join(parts))
     return 0 if data else 1
 
@@ -193,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("table", help="the Markdown table of the finished runs")
     t.add_argument("workdir", type=Path)
     t.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "label_free")
+    t.add_argument("--note", default="", help="a paragraph under the header (how and where the runs were made)")
     args = parser.parse_args(argv)
     return run(args) if args.command == "run" else table(args)
 

@@ -35,7 +35,8 @@ from torch import Tensor
 Estimator = Literal["confidence", "entropy", "agreement_zero_shot", "agreement_server", "dispersity", "mano"]
 ESTIMATORS: tuple[str, ...] = ("confidence", "entropy", "agreement_zero_shot", "agreement_server", "dispersity", "mano")
 AGREEMENTS = {"agreement_zero_shot": "zero_shot", "agreement_server": "server"}  # estimator -> the reference model
-DEFAULT: str = "mano"  # evaluation.estimator's default (docs/label-free.md: why)
+DEFAULT: str = "confidence"  # evaluation.estimator's default: the lowest regret of the label-free choice over the
+# measured grid, and the one estimate meant as an accuracy (benchmarks/results/label_free/, docs/label-free.md)
 
 MANO_NORM = 4  # MaNo's p (Xie et al. 2024: p = 4)
 MANO_THRESHOLD = 5.0  # MaNo's eta: the criterion above which the softmax normalises (Xie et al. 2024: 5)
