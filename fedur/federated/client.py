@@ -60,7 +60,7 @@ class ClientState:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved state; the data split must be the one it was made with."""
-        empty = torch.zeros(0, dtype=torch.long)  # a checkpoint from before validation splits had none
+        empty = torch.zeros(0, dtype=torch.long, device="cpu")  # a checkpoint from before validation splits had none
         for name in ("train_indices", "test_indices", "validation_indices"):
             if not np.array_equal(state.get(name, empty).numpy(), getattr(self, name)):
                 raise ClientStateError(

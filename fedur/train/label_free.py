@@ -147,9 +147,10 @@ def server_counts(host: Host, seen: Seen, server: Model | None, settings: LabelF
     scored = {k: seen.server_logits(k) for k in seen.server} if seen.server is not None else \
         host.predict("test", model_of=server)
     for client in host.clients:
-        logits, labels = scored.get(client.client_id) or (torch.zeros(0, 1), torch.zeros(0, dtype=torch.long))
-        correct = (logits.argmax(dim=-1) == labels).sum() if len(labels) else torch.tensor(0)
-        found[client.client_id] = torch.stack([correct, torch.tensor(len(labels))]).long()
+        logits, labels = scored.get(client.client_id) or (torch.zeros(0, 1, device="cpu"),
+                                                           torch.zeros(0, dtype=torch.long, device="cpu"))
+        correct = int((logits.argmax(dim=-1) == labels).sum()) if len(labels) else 0
+        found[client.client_id] = torch.tensor([correct, len(labels)], dtype=torch.long, device="cpu")
     return host.gather(found, like=torch.zeros(2, dtype=torch.long, device="cpu"), what="the server's accuracy per client")
 
 
@@ -204,7 +205,7 @@ def check_and_save_choice(host: Host, choice: dict, folder: Path) -> None:
     side where it had one; model, round, estimate), after checking that the choice kept round by round is the one the
     recorded estimates give (a mismatch is fedur's bug). Every rank calls this."""
     kinds = ("zero_shot", *MODELS)
-    mine = {c.client_id: torch.tensor([kinds.index(c.label_free[CHOSEN]["model"]), c.label_free[CHOSEN]["round"]])
+    mine = {c.client_id: torch.tensor([kinds.index(c.label_free[CHOSEN]["model"]), c.label_free[CHOSEN]["round"]], device="cpu")
             for c in host.clients}
     kept = host.gather(mine, like=torch.zeros(2, dtype=torch.long, device="cpu"), what="the chosen models")
     recorded = [[kinds.index(c["model"]), c["round"]] if c["model"] else [0, 0] for c in choice["clients"]]

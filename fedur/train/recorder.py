@@ -308,8 +308,8 @@ class Recorder:
 
         found = {"personal models": bins["personal"], "server's model": bins.get("server"),
                  "zero-shot CLIP": self.zero_shot.get("zero_shot_calibration_bins")}
-        models = {f"{name} (ECE {fmt(ece(torch.tensor(b)))})": reliability(torch.tensor(b)) for name, b in found.items()
-                  if b is not None and ece(torch.tensor(b)) is not None}
+        tables = {name: torch.tensor(b, device="cpu") for name, b in found.items() if b is not None}
+        models = {f"{name} (ECE {fmt(ece(b))})": reliability(b) for name, b in tables.items() if ece(b) is not None}
         step = len(self.rounds)
         self._figure(lambda: reliability_diagram(models, f"reliability after round {step}"), RELIABILITY, step,
                      file="reliability.png")
