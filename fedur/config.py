@@ -87,6 +87,11 @@ class DataConfig:
     the run's summary ('skip')."""
     num_workers: NonNegativeInt = 2
     """DataLoader worker processes per rank (0 decodes in the main process)."""
+    feature_cache: bool = True
+    """Compute what the frozen image tower gives every image once, into a memory-mapped float32 cache beside the image
+    cache (per split, model and preprocess), and read it wherever the tower runs without a prompt: the zero-shot
+    passes, and every pass of a method whose tower carries none (docs/performance.md). The same results within float
+    rounding (features computed in other batches); false runs the tower on every pass."""
 
 
 @dataclass
@@ -452,7 +457,7 @@ PLUGINS = ("method", "labeller", "dataset")
 # fedur's own settings that do not change what a run computes: a resumed run may change them freely. A plugin's
 # (method.*, labeller.*, dataset.*) are its class's to say: its `result_neutral` (`neutral_settings`).
 RESULT_NEUTRAL = {
-    "model.cache_dir", "data.num_workers", "data.cache", "data.cache_dir",
+    "model.cache_dir", "data.num_workers", "data.cache", "data.cache_dir", "data.feature_cache",
     "federation.rounds", "optim.eval_batch_size", "evaluation.global_model", "evaluation.membership_attack",
     "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",

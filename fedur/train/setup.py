@@ -12,6 +12,7 @@ from lightning import Fabric
 from fedur.config import Config, new_client_count
 from fedur.data.cache import CacheOptions, prepare_splits, stderr_progress
 from fedur.data.datasets import DataOptions, ImageDataset, prepare_dataset
+from fedur.data.features import split_identity
 from fedur.data.held_out import hold_out
 from fedur.data.loaders import ImageLoader
 from fedur.data.partition import PartitionError, PartitionSpec, Parts, class_histogram, split_clients
@@ -20,9 +21,11 @@ from fedur.errors import FedurError
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
+from fedur.methods.forward import frozen_reads
 from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
+from fedur.train.features import open_run_features, tower_spec, wanted_files
 from fedur.train.host import HeldOutSet, Host, LocalWork
 from fedur.train.module import PromptTuner
 from fedur.train.progress import Progress
@@ -93,6 +96,7 @@ def setup(
     model.shared_prefix_text = cfg.model.shared_prefix_text
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     start = initial_values(method.pieces(), model, cfg.run.seed)  # every client starts from these, held on the CPU
+    tower = tower_spec(fabric, model, cfg.model.name, clip.preprocess) if d.feature_cache else None  # weights on the CPU
     tuner = PromptTuner(model, method, labeller).to(fabric.device)
     if method.trains and not tuner.trained_names(start):
         raise SetupError(f"nothing to train: {type(method).__name__} has no prompt or other piece with elements "
@@ -109,8 +113,17 @@ def setup(
     test_owners = owners_of(test_parts, training, len(dataset.test))
     held = [HeldOutSet(h.name, h.rows, h.labels(dataset.test.labels), model.for_classes(h.classnames, dataset.template)
                        if h.classnames != dataset.classnames else model) for h in held_out]
+    features = reads = None
+    if d.feature_cache:  # what the frozen tower gives every image, computed once (rank 0 first; the others open it)
+        reads = frozen_reads(method, model, {name: t.to(fabric.device) for name, t in start.items()})
+        splits = {name: (split_identity(split, name, cfg.dataset.cache_key, kept), len(kept))
+                  for name, split, kept in zip(("train", "test"), raw, (loading.train_kept, loading.test_kept))}
+        wanted = wanted_files(model, tower, cfg.dataset.cache_key, splits, reads)
+        with fabric.rank_zero_first():
+            features = open_run_features(fabric, model, images, wanted, d.cache_dir,
+                                         stderr_progress() if fabric.is_global_zero and cfg.run.progress else None)
     host = Host(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start, training,
-                test_owners, held)
+                test_owners, held, features, reads)
     return host, truth, loading.skipped
 
 
