@@ -285,7 +285,8 @@ def measured(a: Path, b: Path) -> Deltas:
             deltas.structure.append(f"{name} on one side only")
         elif found[0] is not None:
             add_numbers(deltas, numbers(found[0]), numbers(found[1]), name)
-    if (a / "partition.json").read_text() != (b / "partition.json").read_text():
+    splits = [(d / "partition.json").read_text() if (d / "partition.json").exists() else None for d in (a, b)]
+    if splits[0] != splits[1]:
         deltas.structure.append("partition.json")
     files = [{numbered(p.relative_to(d), first): p for p in d.rglob("*.pt")} for d, first in zip((a, b), firsts)]
     if set(files[0]) != set(files[1]):

@@ -37,7 +37,7 @@ from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
 from fedur.train import checkpoint
 from fedur.train.evaluate import prepared, scored_counts
-from fedur.train.features import open_run_features, tower_spec, wanted_files
+from fedur.train.features import open_run_features, text_spec, tower_spec, wanted_files, zero_shot_text
 from fedur.train.setup import data_seed
 
 
@@ -77,8 +77,10 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
                          cfg.model.ctx_init_std, cfg.run.seed, cfg.model.ctx_suffix)
     model.shared_prefix_text, model.normalize = cfg.model.shared_prefix_text, loading.normalize
     tower = tower_spec(fabric, model, cfg.model.name, clip.preprocess) if d.feature_cache else None  # weights on the CPU
+    text = text_spec(fabric, clip, cfg.model.name) if d.feature_cache else None
     model = model.to(fabric.device).eval()
-    model.zero_shot_text = zero_shot_weights(clip, target.classnames, target.template, fabric.device)
+    model.zero_shot_text = zero_shot_weights(clip, target.classnames, target.template, fabric.device) if text is None \
+        else zero_shot_text(fabric, clip, text, target.classnames, target.template, cfg.dataset.cache_key, d.cache_dir)
 
     method = cfg.method
     start = initial_values(method.pieces(), model, cfg.run.seed)

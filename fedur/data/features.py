@@ -6,8 +6,9 @@ which a federated run changes: the zero-shot passes, and every pass of a method 
 trains is its text side, or what it builds on the features), would compute the same features in every epoch, round
 and run. Two kinds, a file each per split: "features", (N, D) unit-norm (`PromptedCLIP.image_features` without a
 prompt), and "tokens", (N, 1 + P, D) the unit-norm projected output tokens (`PromptedCLIP.image_tokens`: FedOTP's
-patches), built only where a method reads them. Stored in float32; the dtype the tower gave is recorded and restored
-when the rows are read.
+patches), built only where a method reads them; and the classes' zero-shot text features, "text", (C, D) (what
+`fedur.model.clip.zero_shot_weights` gives, in one batch as it computes them). Stored in float32; the dtype the tower
+gave is recorded and restored when the rows are read.
 
 One file per split, kind and model: `<cache_dir>/<dataset>-<split>-<kind>-<model>-<digest>.npy` and a JSON sidecar
 written after it (its key, shape, the tower's dtype, a CRC-32 of the rows, the build's time), which marks it complete.
@@ -46,7 +47,7 @@ from fedur.data.loaders import in_batches
 FORMAT_VERSION = 1
 BUILD_BATCH = 256  # rows per batch of the build: part of the key (a row's features depend on its batch's size)
 CHECK_ROWS = 4096  # rows per chunk of the checksum
-Kind = Literal["features", "tokens"]
+Kind = Literal["features", "tokens", "text"]  # image features, image tokens, the classes' zero-shot text features
 Compute = Callable[[list[np.ndarray]], Iterator[Tensor]]  # batches of rows -> each batch's (b, *row) output, in order
 INSTEAD = "data.feature_cache=false to run the image tower on every pass"
 
@@ -80,6 +81,11 @@ class Wanted:
     def key(self) -> str:
         """Hex digest of everything the rows depend on."""
         return feature_key(self.identity, self.kind, self.tower)
+
+    @property
+    def what(self) -> str:
+        """What a build computes, as its progress says it."""
+        return "the classes' zero-shot text features" if self.kind == "text" else f"frozen {self.kind} of {self.split} images"
 
     @property
     def stem(self) -> str:
@@ -135,8 +141,7 @@ def open_features(directory: Path, wanted: Wanted, compute: Compute, progress: P
             (say or _to_stderr)(f"fedur: the feature cache file {file.with_suffix('.npy')} is damaged ({damage}); "
                                 "computing its features again")
             file.with_suffix(".json").unlink()  # until the new file is whole, none is taken for it
-        record = _build(file, key, count, row_shape, compute, progress,
-                        f"computing frozen {wanted.kind} of {wanted.split} images")
+        record = _build(file, key, count, row_shape, compute, progress, f"computing {wanted.what}")
         return FeatureFile(file.with_suffix(".npy"), record["dtype"]), True
 
 

@@ -4,7 +4,7 @@ that stands in for the pixels wherever the tower runs without a prompt.
 `PromptedCLIP.image_features` and `image_tokens` take a `FrozenImages` where they take images, and return its rows:
 what the tower gives those images without a prompt. Asked for a prompted pass, it refuses: a method whose tower
 carries a prompt reads images (`fedur.methods.forward.frozen_reads` decides which from the method and its pieces, with
-`TowerProbe`, which records what a method's logits ask of the tower). `tower_digest` names the tower's architecture
+`TowerProbe`, which records what a method's logits ask of the tower). `tower_digest` names a tower's architecture
 and weights, the model's part of the cache's key.
 """
 
@@ -100,12 +100,15 @@ def probe(feature_dim: int, device: torch.device) -> TowerProbe:
     return TowerProbe(torch.zeros(1, feature_dim, device=device), torch.zeros(1, 2, feature_dim, device=device))
 
 
-def tower_digest(visual: nn.Module) -> str:
-    """Hex SHA-256 of the image tower's architecture (its modules as printed: layers, widths, activations) and of every
-    tensor of its state (name, dtype, shape and a CRC-32 of its bytes: a changed weight changes it, at 3 GB/s, a few
-    tenths of a second for ViT-L/14): another model, weights file or random init gives another."""
-    digest = hashlib.sha256(repr(visual).encode())
-    for name, tensor in visual.state_dict().items():
+def tower_digest(module: nn.Module, skip: str | None = None) -> str:
+    """Hex SHA-256 of a tower's architecture (its modules as printed: layers, widths, activations) and of every tensor
+    of its state (name, dtype, shape and a CRC-32 of its bytes: a changed weight changes it, at 3 GB/s, a few tenths of
+    a second for ViT-L/14), those whose names start with `skip` left out (a CLIP without its image tower: the text
+    tower): another model, weights file or random init gives another."""
+    digest = hashlib.sha256(repr(module).encode() if skip is None else b"")
+    for name, tensor in module.state_dict().items():
+        if skip is not None and name.startswith(skip):
+            continue
         data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
         digest.update(f"\n{name} {tensor.dtype} {tuple(tensor.shape)} {zlib.crc32(data)}".encode())
     return digest.hexdigest()

@@ -25,7 +25,7 @@ from fedur.methods.forward import frozen_reads
 from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
-from fedur.train.features import open_run_features, tower_spec, wanted_files
+from fedur.train.features import open_run_features, text_spec, tower_spec, wanted_files, zero_shot_text
 from fedur.train.host import HeldOutSet, Host, LocalWork
 from fedur.train.module import PromptTuner
 from fedur.train.progress import Progress
@@ -97,12 +97,14 @@ def setup(
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     start = initial_values(method.pieces(), model, cfg.run.seed)  # every client starts from these, held on the CPU
     tower = tower_spec(fabric, model, cfg.model.name, clip.preprocess) if d.feature_cache else None  # weights on the CPU
+    text = text_spec(fabric, clip, cfg.model.name) if d.feature_cache else None
     tuner = PromptTuner(model, method, labeller).to(fabric.device)
     if method.trains and not tuner.trained_names(start):
         raise SetupError(f"nothing to train: {type(method).__name__} has no prompt or other piece with elements "
                          f"({', '.join(start) or 'none declared'}) with model.n_ctx={cfg.model.n_ctx} and "
                          f"model.visual_tokens={cfg.model.visual_tokens}")
-    model.zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)  # after the move
+    model.zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device) if text is None \
+        else zero_shot_text(fabric, clip, text, dataset.classnames, dataset.template, cfg.dataset.cache_key, d.cache_dir)
     local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank, cfg.run.clients_per_step)
     clients = [ClientState(k, train_parts[k], test_parts[k], dict(start)) for k in local_ids]
     work = LocalWork(optim.batch_size, optim.eval_batch_size, cfg.run.seed, cfg.run.log_every_n_steps,
@@ -122,6 +124,8 @@ def setup(
         with fabric.rank_zero_first():
             features = open_run_features(fabric, model, images, wanted, d.cache_dir,
                                          stderr_progress() if fabric.is_global_zero and cfg.run.progress else None)
+        if reads is not None:  # no pass reads an image from here on: the build's loader workers stop
+            images.close()
     host = Host(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start, training,
                 test_owners, held, features, reads)
     return host, truth, loading.skipped

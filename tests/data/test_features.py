@@ -147,3 +147,21 @@ def test_the_checksum_reads_the_file_in_chunks(monkeypatch):
     whole = checksum(rows)
     monkeypatch.setattr(store, "CHECK_ROWS", 3)
     assert checksum(rows) == whole
+
+
+def test_the_zero_shot_class_features_are_computed_once_with_their_uncached_bits(tiny_clip, tmp_path):
+    from fedur.model.clip import zero_shot_weights
+    from fedur.train.features import text_spec, zero_shot_text
+
+    from ..test_device_guards import StubFabric
+
+    fabric = StubFabric(torch.device("cpu"))
+    spec = text_spec(fabric, tiny_clip, "fedur-tiny")
+    names = ["cat", "dog", "a red bird"]
+    direct = zero_shot_weights(tiny_clip, names, "a photo of a {}.", torch.device("cpu"))
+    for _ in range(2):  # cold, then warm
+        assert torch.equal(zero_shot_text(fabric, tiny_clip, spec, names, "a photo of a {}.", "test", str(tmp_path)), direct)
+    zero_shot_text(fabric, tiny_clip, spec, names, "a drawing of a {}.", "test", str(tmp_path))  # other prompts
+    zero_shot_text(fabric, tiny_clip, spec, names[:2], "a photo of a {}.", "test", str(tmp_path))  # other classes
+    assert len(list(tmp_path.glob("*-classes-text-*.npy"))) == 3
+    assert text_spec(fabric, tiny_clip, "fedur-tiny").digest == spec.digest != tower_digest(tiny_clip.model.visual)
