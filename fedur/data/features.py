@@ -105,7 +105,7 @@ def split_identity(split: ImageSplit, name: str, dataset_key: str, kept: np.ndar
 
 def feature_key(identity: str, kind: Kind, tower: TowerSpec) -> str:
     """Hex digest of everything a feature file's rows depend on."""
-    header = [FORMAT_VERSION, BUILD_BATCH, identity, kind, tower.digest, tower.preprocess, tower.computed]
+    header = [FORMAT_VERSION, BUILD_BATCH, identity, kind, tower.name, tower.digest, tower.preprocess, tower.computed]
     return hashlib.sha256(json.dumps(header).encode()).hexdigest()
 
 

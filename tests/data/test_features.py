@@ -2,6 +2,7 @@
 read back bit for bit, safe when a build stops half-way, damaged files found and built again with one line, a disk
 too small refused in one line."""
 
+import copy
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ from collections import namedtuple
 import numpy as np
 import pytest
 import torch
+from open_clip.transformer import QuickGELU
 
 from fedur.data import features as store
 from fedur.data.datasets import DataUnavailableError, ImageSplit
@@ -165,3 +167,7 @@ def test_the_zero_shot_class_features_are_computed_once_with_their_uncached_bits
     zero_shot_text(fabric, tiny_clip, spec, names[:2], "a photo of a {}.", "test", str(tmp_path))  # other classes
     assert len(list(tmp_path.glob("*-classes-text-*.npy"))) == 3
     assert text_spec(fabric, tiny_clip, "fedur-tiny").digest == spec.digest != tower_digest(tiny_clip.model.visual)
+    quick = copy.deepcopy(tiny_clip)
+    for block in quick.model.transformer.resblocks:  # the same weights, another activation: another text tower
+        block.mlp.gelu = QuickGELU()
+    assert text_spec(fabric, quick, "fedur-tiny").digest != spec.digest
