@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 TIMING = {"round_seconds", "phase_seconds"}
-SUMMARY_SKIP = {"wall_seconds", "startup_seconds", "settings", "placement"}
+SUMMARY_SKIP = {"wall_seconds", "startup_seconds", "settings", "placement"}  # timings, and what may differ by design
 ACCURACY = re.compile(r"acc|zero_shot_(global|client)|harmonic")  # a number of the files that is an accuracy (points)
 
 

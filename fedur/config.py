@@ -18,6 +18,8 @@ from jsonargparse.typing import (
     PositiveInt,
 )
 
+from fedur import channel
+from fedur.channel import AdversaryConfig, AggregatorConfig, ClockConfig, Stages
 from fedur.errors import ConfigError
 
 # The annotations are the CLI's validation and show in --help: a value outside its range stops the
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from fedur.labels.base import Labeller
     from fedur.methods.base import Method
 
-from fedur.ranges import Fraction, LossRate, TrimShare  # noqa: E402  (shared with the plugins' arguments)
+from fedur.ranges import Fraction  # noqa: E402  (shared with the plugins' arguments)
 
 
 @dataclass
@@ -60,7 +62,12 @@ class ModelConfig:
     shared_prefix_text: bool = True
     """Text tower: encode the start token and the context once for all classes (they are the same for every
     class under the causal mask) and only the class tokens per class. Exact up to float rounding; 3-6x less
-    text-tower work for ViT-B/32 at 10-200 classes (docs/performance.md). false: every class in full."""
+    text-tower work for ViT-B/32 at 10-200 classes (docs/performance.md). false: every class in full. A text tower
+    without a causal mask (SigLIP's) always computes every class in full."""
+    checkpointing: bool = False
+    """Activation checkpointing of the prompted towers: in a training step each block's activations are recomputed in
+    the backward pass instead of kept (the same values and gradients; a big backbone's step in a fraction of the
+    memory, for one more forward of each block: docs/backbones.md)."""
 
 
 @dataclass
@@ -132,58 +139,6 @@ class FederationConfig:
     """Seed of the split across clients. 'reference' replays the reference code's random sequence for the
     dataset (FedCoPL reseeds NumPy with 500 before it partitions, so the paper's three seeds share one
     partition); an integer draws a partition of its own (e.g. the run seed for a per-seed partition)."""
-
-    # How clients answer (docs/system.md): lost uploads, speeds on a virtual clock, a deadline, attackers, and the
-    # aggregation that withstands them. All off by default.
-    drop_rate: LossRate = 0.0
-    """Each taking-part client trains, and its upload is lost with this probability (per client and round, from the
-    run's streams); at a refresh a client's pseudo-label histograms are lost likewise. 0: none is lost."""
-    speeds: str = "equal"
-    """Each client's compute speed in local steps per virtual second: 'equal' (1 for every client), 'lognormal'
-    (exp(federation.speed_spread * z), z ~ N(0, 1) drawn once per client from run.seed), or a JSON or CSV file
-    giving each client's speed (and bandwidth): docs/system.md."""
-    speed_spread: NonNegativeFloat = 1.0
-    """speeds=lognormal: the sigma of log-speed (and of log-bandwidth, drawn separately)."""
-    bandwidth: PositiveFloat | None = None
-    """Upload bandwidth in bytes per virtual second (speeds=lognormal: each client's times its own lognormal
-    factor; a speeds file may give each client's); null: sending takes no virtual time."""
-    deadline: PositiveFloat | None = None
-    """The round's deadline: uploads that would arrive later are late (federation.late). In units of the round's
-    median asked-client time (0.8 leaves the slower ones out) or in virtual seconds (federation.deadline_unit);
-    null: the server waits for every upload."""
-    deadline_unit: Literal["median", "seconds"] = "median"
-    """federation.deadline in units of the round's median asked-client time, or in virtual seconds."""
-    late: Literal["drop", "partial"] = "drop"
-    """A late upload is left out ('drop'), or the client's partial work is taken: the local steps it finishes
-    before the deadline leaves it time to send ('partial'; FedProx's partial work)."""
-    over_select: NonNegativeFloat = 0.0
-    """Ask ceil((1 + over_select) * m) clients, m those federation.join_rate draws, and take the first m uploads
-    that arrive (Bonawitz et al. 2019; at most every client). 0: ask m."""
-    min_uploads: PositiveInt = 1
-    """A round with fewer uploads taken keeps the global state (no aggregation; said on the console)."""
-    attackers: NonNegativeFloat = 0
-    """Clients that misbehave (federation.attack): a count (a whole number >= 1) or a fraction of the training
-    clients (below 1, rounded half up), drawn once per run from run.seed. 0: none."""
-    attack: Literal["none", "sign_flip", "scale", "gaussian", "constant", "label_flip"] = "none"
-    """What an attacker does: its update sign-flipped (-s x update) or scaled (s x update), Gaussian garbage
-    N(0, s^2), a constant s in every coordinate, or its pseudo-labels flipped (c -> C-1-c) before it trains;
-    s = federation.attack_scale."""
-    attack_scale: PositiveFloat | None = None
-    """s of federation.attack; null: the attack's default (sign_flip 1, scale 10, gaussian 1, constant 1)."""
-    aggregator: Literal["mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_clip"] = "mean"
-    """How the server combines the uploads of the shared pieces, each in Flower's definition (docs/system.md): the
-    method's own (mean: FedAvg's weighted average), the coordinate-wise median, the trimmed mean
-    (federation.trim), Krum or multi-Krum (federation.krum_malicious, krum_keep), or the weighted average of
-    updates clipped to an L2 norm (federation.clip_norm)."""
-    trim: TrimShare = 0.2
-    """trimmed_mean: the share of the uploads cut at each end of every coordinate (Flower's beta, 0.2)."""
-    krum_malicious: NonNegativeInt | None = None
-    """krum, multi_krum: the attackers Krum assumes (f); null: the run's number of attackers."""
-    krum_keep: NonNegativeInt | None = None
-    """multi_krum: the uploads kept and averaged (m); null: the uploads taken less krum_malicious."""
-    clip_norm: PositiveFloat | None = None
-    """norm_clip: the L2 bound of each update (all shared pieces together); null: the median of the round's update
-    norms."""
 
 
 @dataclass
@@ -302,8 +257,9 @@ class PrivacyConfig:
     """z_h: the noise multiplier of each refresh's pseudo-label histograms (the cooperative estimates and the
     selected counts, each clipped to privacy.histogram_bound); null: privacy.noise_multiplier."""
     histogram_bound: PositiveFloat | None = None
-    """The L2 bound of one client's histogram; null: the largest client's number of train images (a client's
-    counts sum to at most its images)."""
+    """The L2 bound of one client's histogram; null: the largest client's number of train images (a client's counts
+    sum to at most its images), which takes the clients' sizes as public; required with privacy.sampling poisson (a
+    client added or removed could change the largest)."""
     delta: OpenUnitInterval = 1e-5
     """delta of the (epsilon, delta) guarantee the run reports."""
     target_epsilon: PositiveFloat | None = None
@@ -313,6 +269,10 @@ class PrivacyConfig:
     start, broadcast to the ranks and kept in the checkpoint (a resume continues it; nobody can replay the noise).
     A fixed seed makes a private run repeatable, and its noise removable by anyone who knows it: for tests and
     reproductions, not for a guarantee."""
+    accountant: Literal["rdp", "pld"] = "rdp"
+    """How the releases are composed into epsilon: dp-accounting's RDP accountant (Renyi DP, Mironov 2017), or its PLD
+    accountant (privacy loss distributions: tighter, slower; it prices no sampling without replacement, so it takes
+    privacy.sampling poisson, or every client in every round)."""
     sampling: Literal["fixed", "poisson"] = "fixed"
     """How taking part is drawn and accounted: a fixed ceil(join_rate x K) clients without replacement (federation
     .join_rate; neighbouring federations differ in one client's data) or each client on its own with probability
@@ -366,6 +326,13 @@ class RunConfig:
     """Also print the local training loss every n optimizer steps (0: only per round)."""
     progress: bool = True
     """Rank 0 shows progress bars with the time left (rounds, clients, epochs, pseudo-labelling)."""
+    loggers: list[Literal["tensorboard", "csv", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])
+    """Where the scalars, the settings and the figures also go, on rank 0 (docs/outputs.md): TensorBoard (RUN/tensorboard),
+    CSV files (RUN/csv), Weights & Biases (offline in RUN/wandb unless WANDB_MODE says otherwise) and MLflow (a file
+    store in RUN/mlruns unless MLFLOW_TRACKING_URI names one); [] for the run's own files only."""
+    memory_estimate: Literal["auto", "on", "off"] = "auto"
+    """Estimate a client's peak memory before any compute (the model, method and batch on fake tensors, a few seconds),
+    print it at the start and write it to summary.json's memory: on a GPU (auto), always (on) or never (off)."""
     figures: bool = True
     """Draw the heatmaps: the split per client and class (partition_train.png, partition_test.png), each refresh's
     selected pseudo-labels and the final confusion matrix, as PNG files and TensorBoard images. false: the numbers
@@ -401,6 +368,9 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)  # how clients answer in time (fedur/channel/clock.py)
+    adversary: AdversaryConfig = field(default_factory=AdversaryConfig)  # clients that misbehave (fedur/channel/adversary.py)
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)  # how the server combines (fedur/channel/reducer.py)
     optim: OptimConfig = field(default_factory=OptimConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -410,6 +380,11 @@ class Config:
     labeller: Labeller | None = None  # fedur.labels.Labeller: the pseudo-labeller (None: the method's own)
     dataset: Dataset | None = None  # fedur.data.datasets.Dataset: where the images come from, with its options
     plugins: dict = field(default_factory=dict)  # {"method": {"class_path", "init_args"} or None, ...}: as parsed
+
+    @property
+    def stages(self) -> Stages:
+        """The settings of the channel's stages (fedur/channel/)."""
+        return Stages({name: getattr(self, name) for name in channel.GROUPS}, self.privacy.mode)
 
     @property
     def settings(self) -> dict:
@@ -446,6 +421,7 @@ GROUPS = {
     "model": ModelConfig,
     "data": DataConfig,
     "federation": FederationConfig,
+    **channel.GROUPS,  # clock, adversary, aggregator: the channel's stages (fedur/channel/), each a field of Config
     "optim": OptimConfig,
     "evaluation": EvaluationConfig,
     "privacy": PrivacyConfig,
@@ -454,14 +430,32 @@ GROUPS = {
 }
 PLUGINS = ("method", "labeller", "dataset")
 
+# Keys that moved to a group of their own: the old key still works (on the command line, in a YAML file, in a
+# checkpoint's or a summary's recorded settings) and is said once by its new name (fedur/app/cli.py).
+RENAMED = {
+    **{f"federation.{key}": f"clock.{key}" for key in ("drop_rate", "speeds", "speed_spread", "bandwidth", "deadline",
+                                                       "deadline_unit", "late", "over_select", "min_uploads")},
+    "federation.attackers": "adversary.attackers", "federation.attack": "adversary.attack",
+    "federation.attack_scale": "adversary.scale",
+    "federation.aggregator": "aggregator.rule", "federation.trim": "aggregator.trim",
+    "federation.krum_malicious": "aggregator.krum_malicious", "federation.krum_keep": "aggregator.krum_keep",
+    "federation.clip_norm": "aggregator.norm_bound",
+}
+
+
+def renamed(flat: dict) -> dict:
+    """Flat settings {"group.key": value} with every old key (RENAMED) under its new name."""
+    return {RENAMED.get(key, key): value for key, value in flat.items()}
+
 # fedur's own settings that do not change what a run computes: a resumed run may change them freely. A plugin's
 # (method.*, labeller.*, dataset.*) are its class's to say: its `result_neutral` (`neutral_settings`).
 RESULT_NEUTRAL = {
-    "model.cache_dir", "data.num_workers", "data.cache", "data.cache_dir", "data.feature_cache",
+    "model.cache_dir", "model.checkpointing", "run.memory_estimate", "data.num_workers", "data.cache", "data.cache_dir",
+    "data.feature_cache",
     "federation.rounds", "optim.eval_batch_size", "evaluation.global_model", "evaluation.membership_attack",
     "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
-    "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "run.figures", "fabric.accelerator",
+    "run.threads", "run.loggers", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "run.figures", "fabric.accelerator",
     "fabric.devices", "fabric.num_nodes", "fabric.strategy",
 }
 
@@ -497,7 +491,7 @@ def flat_settings(settings: dict) -> dict:
 
 # Settings that name a file: what changes results is the file's content, not where it lies (a data folder that
 # moves with its classnames.txt resumes); a checkpoint records, and a resume compares, the content's digest.
-FILE_SETTINGS = ("data.classnames_file", "federation.partition_file", "federation.speeds")
+FILE_SETTINGS = ("data.classnames_file", "federation.partition_file", "clock.speeds")
 DIGEST = "sha256:"
 
 

@@ -19,8 +19,9 @@ SHARED = ["--config", "configs/tiny.yaml", "--federation.rounds", "2", "--federa
 
 # Smaller than a method's defaults where a test checks a bound the tiny data would not reach.
 SMALLER = {"pfedprompt": ["--method.cache_shots", "4"], "fedpgp": ["--method.rank", "2"]}
-# Beside a method's defaults where its case should exercise more: DP-FPL's local noise, drawn per client and step.
-SMALLER["dpfpl"] = ["--method.local_noise", "1.0"]
+# Beside a method's defaults where its case should exercise more: DP-FPL's local noise, drawn per client and step from
+# the run's secret seed (fixed here: runs of the same settings are compared).
+SMALLER["dpfpl"] = ["--method.local_noise", "1.0", "--privacy.noise_seed", "7"]
 
 # One mechanism each, beside the methods' own cases.
 SPECIAL = {
@@ -53,24 +54,25 @@ SPECIAL = {
     "fedur-private-central": ["--privacy.mode", "central", "--privacy.noise_multiplier", "0.5", "--privacy.clip", "0.05",
                               "--privacy.adaptive_clip", "true", "--federation.join_rate", "0.75", "--privacy.noise_seed", "5"],
     # local privacy: each upload (SCAFFOLD's control-variate deltas too) noised on its client's rank, Poisson sampling
+    # (the histograms' bound given: under Poisson sampling the clients' sizes are private; 111 is the largest client's)
     "scaffold-private-local": ["--method", "SCAFFOLD", "--privacy.mode", "local", "--privacy.noise_multiplier", "1.0",
                                "--privacy.clip", "0.05", "--privacy.sampling", "poisson", "--federation.join_rate", "0.75",
-                               "--privacy.noise_seed", "6"],
+                               "--privacy.noise_seed", "6", "--privacy.histogram_bound", "111"],
     # clients that drop and lag: uploads and histograms lost, lognormal speeds and bandwidths, a deadline at 0.9 x the
     # median time taking the late ones' partial work, 3 of 4 wanted and all 4 asked (over-selection), at least 2 taken
-    "fedur-stragglers": ["--federation.drop_rate", "0.3", "--federation.speeds", "lognormal", "--federation.bandwidth",
-                         "2000", "--federation.deadline", "0.9", "--federation.late", "partial", "--federation.join_rate",
-                         "0.75", "--federation.over_select", "0.34", "--federation.min_uploads", "2"],
+    "fedur-stragglers": ["--clock.drop_rate", "0.3", "--clock.speeds", "lognormal", "--clock.bandwidth",
+                         "2000", "--clock.deadline", "0.9", "--clock.late", "partial", "--federation.join_rate",
+                         "0.75", "--clock.over_select", "0.34", "--clock.min_uploads", "2"],
     # an attacker sending Gaussian garbage from its own per-round stream, the trimmed mean's rows
-    "fedcopl-attacked": ["--method", "FedCoPL", "--federation.attackers", "1", "--federation.attack", "gaussian",
-                         "--federation.aggregator", "trimmed_mean", "--federation.trim", "0.25"],
+    "fedcopl-attacked": ["--method", "FedCoPL", "--adversary.attackers", "1", "--adversary.attack", "gaussian",
+                         "--aggregator.rule", "trimmed_mean", "--aggregator.trim", "0.25"],
     # attackers (0 and 1) training on flipped pseudo-labels, multi-Krum's choice of rows, late uploads dropped at
     # 1.2 x the median time (client 1, the slowest, is late; client 0 is taken)
-    "promptfl-flipped-krum": ["--method", "PromptFL", "--federation.attackers", "2", "--federation.attack", "label_flip",
-                              "--federation.aggregator", "multi_krum", "--federation.speeds", "lognormal",
-                              "--federation.deadline", "1.2", "--federation.late", "drop", "--federation.min_uploads", "1"],
+    "promptfl-flipped-krum": ["--method", "PromptFL", "--adversary.attackers", "2", "--adversary.attack", "label_flip",
+                              "--aggregator.rule", "multi_krum", "--clock.speeds", "lognormal",
+                              "--clock.deadline", "1.2", "--clock.late", "drop", "--clock.min_uploads", "1"],
     # a boosted update clipped to the round's median update norm
-    "fedur-scaled-clipped": ["--federation.attackers", "1", "--federation.attack", "scale", "--federation.aggregator",
+    "fedur-scaled-clipped": ["--adversary.attackers", "1", "--adversary.attack", "scale", "--aggregator.rule",
                              "norm_clip"],
     # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
     "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",
@@ -92,6 +94,19 @@ def method_cases() -> dict[str, list[str]]:
         cases[f"{method.key}+{labeller.key}"] = ["--method", method.__name__, "--labeller", labeller.__name__,
                                                   *SMALLER.get(method.key, [])]
     return cases
+
+
+def method_of(flags: list[str]) -> type:
+    """The method class a case's flags run (FedUR without --method; a user's by its import path)."""
+    from fedur import plugins
+
+    name = flags[flags.index("--method") + 1] if "--method" in flags else "FedUR"
+    return next((cls for cls in plugins.builtin("method") if cls.__name__ == name), None) or plugins.by_path("method", name)
+
+
+def runs_rounds(flags: list[str]) -> bool:
+    """Whether the case's method runs rounds (zero-shot CLIP has none: no metrics.jsonl, no checkpoints)."""
+    return method_of(flags)().rounds(1) > 0
 
 
 def every_case() -> dict[str, list[str]]:

@@ -309,9 +309,17 @@ def test_learning_check_smallest_run(shared_dir, cifar_subset, tmp_path):
 def test_output_parity_cases_cover_every_method_and_compare_tells_runs_apart(tmp_path, monkeypatch, capsys):
     from fedur import plugins
 
+    from .shared_runs import SPECIAL
+
     parity = benchmark("output_parity")
-    methods = {args[args.index("--method") + 1] for args in parity.cases().values() if "--method" in args}
+    cases = parity.cases()
+    methods = {args[args.index("--method") + 1] for args in cases.values() if "--method" in args}
     assert {cls.__name__ for cls in plugins.builtin("method")} <= methods
+    pairs = {(args[args.index("--method") + 1], args[args.index("--labeller") + 1]) for args in cases.values()
+             if "--method" in args and "--labeller" in args}
+    assert {(m.__name__, lab.__name__) for m in plugins.builtin("method") if m.trains
+            for lab in plugins.builtin("labeller")} <= pairs  # every trainable method with every labeller
+    assert all(f"shared-{name}" in cases for name in SPECIAL)  # the test files' shared cases (privacy, stragglers, ...)
     before, after = tmp_path / "before" / "case", tmp_path / "after" / "case"
     for run in (before, after):
         (run / "prompts").mkdir(parents=True)
@@ -386,6 +394,22 @@ def test_privacy_selection_tables_a_grids_finished_runs_and_fails_on_none(tmp_pa
     empty = tmp_path / "empty"
     (empty / "demo-privacy-none" / "fedur" / "seed1").mkdir(parents=True)
     assert exit_code(benchmark("privacy_selection").main, [str(empty)]) == 1
+
+
+def test_backbone_matrix_on_two_families(tmp_path):
+    assert exit_code(benchmark("backbone_matrix").main, ["--models", "ViT-B-32,RN50", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "backbone_matrix.md").read_text()
+    assert "| `RN50` | open_clip ModifiedResNet" in report and "`RN50`, `FedUR`: FedUR cannot run on RN50" in report
+    assert exit_code(benchmark("backbone_matrix").main, ["--models", "no-such-model", "--out", str(tmp_path)]) == 1
+
+
+@pytest.mark.slow  # six estimates and four measured steps: 8 s
+def test_memory_estimate_smallest(tmp_path):
+    args = ["--parts", "vits,tiny", "--models", "fedur-tiny", "--families", "fedur-tiny", "--batch", "4", "--eval-batch", "4",
+            "--out", str(tmp_path)]
+    assert exit_code(benchmark("memory_estimate").main, args) == 0
+    report = (tmp_path / "memory_estimate.md").read_text()
+    assert "| fedur-tiny | 32-true | on |" in report and "| fedur-tiny | fedur-tiny | FedUR | off |" in report
 
 
 def test_every_benchmark_has_a_smoke_here():

@@ -59,13 +59,14 @@ def test_import_cycles_finds_a_circle_through_type_checking_imports(tmp_path):
 # The import layers, lowest first: a module imports from its own layer or below, never above (fedur/data and
 # fedur/model sit side by side and import neither the other). At the bottom what every layer may use (the error type,
 # value ranges, metrics and figures, the plugin lookup, which imports the plugin packages by name only when asked);
-# client-level privacy above the methods (it reads what a method shares); above the library the typed settings
+# client-level privacy above the methods (it reads what a method shares); the channel's stages above privacy (the one
+# door for what clients send: clock, adversary, noise, reducer); above the library the typed settings
 # (which hold the plugins) and the launch environment; then the training layer; above them all the commands and tools
 # (fedur/app: the `fedur` command's parser, settling and run, fedur-report, fedur-tables, fedur-attack, ..., and the
 # demo CLIP's training tool), and fedur/main.py, the `fedur` command as a script for `fabric run`.
 LAYERS = (("fedur.errors", "fedur.ranges", "fedur.network", "fedur.metrics", "fedur.plots", "fedur.plugins"),
           ("fedur.data", "fedur.model"), ("fedur.labels",), ("fedur.federated",), ("fedur.methods",), ("fedur.privacy",),
-          ("fedur.config", "fedur.launch_env"), ("fedur.train",), ("fedur.app", "fedur.main"))
+          ("fedur.channel",), ("fedur.config", "fedur.launch_env"), ("fedur.train",), ("fedur.app", "fedur.main"))
 SIDE_BY_SIDE = 1  # the layer whose packages import neither the other
 
 

@@ -297,7 +297,7 @@ def test_every_collective_of_a_run_takes_tensors_nccl_accepts(tmp_path, monkeypa
 
 # ---------------------------------------------------------------- no tensor made without saying where
 
-ROUND_PATH = ("train", "methods", "labels", "federated", "model")  # fedur/data and the demo model's trainer are not
+ROUND_PATH = ("train", "channel", "methods", "labels", "federated", "model", "privacy")  # fedur/data and the demo model's trainer are not
 FACTORIES = {"zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", "eye", "rand", "randn", "randint",
              "linspace", "randperm"}
 

@@ -45,3 +45,15 @@ def test_the_link_pattern_reads_links_images_and_anchors():
     text = "see [a](docs/x.md#part), ![fig](fig.png) and [web](https://example.org) or benchmarks/results/a/b.csv."
     assert LINK.findall(text) == ["docs/x.md", "fig.png", "https://example.org"]
     assert RESULT.findall(text) == ["benchmarks/results/a/b.csv"]
+
+
+def test_the_table_of_the_metrics_fields_is_the_declarations():
+    """docs/outputs.md's table of metrics.jsonl's keys (what each is, its TensorBoard tags, where fedur-report shows it)
+    is generated from fedur/train/round_fields.py, so every declared field and tag is named there as declared."""
+    from fedur.train.round_fields import FIELDS, OTHER_TAGS, markdown
+
+    text = (REPO / "docs" / "outputs.md").read_text()
+    assert markdown() in text, ("docs/outputs.md's table of the metrics.jsonl fields is not the declarations' "
+                                "(fedur/train/round_fields.py): replace it with `python -m fedur.train.round_fields`'s output")
+    assert all(f"`{f.key}`" in text for f in FIELDS)
+    assert [tag for tag in OTHER_TAGS if f"`{tag}`" not in text] == []

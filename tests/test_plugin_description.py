@@ -2,16 +2,20 @@
 change results, old keys), and fedur's tables, settings record, resumes and errors read what they say; a plugin's
 constructor that refuses a value stops fedur in one line; --<plugin>.help shows a class's whole first paragraph."""
 
+import importlib
+import inspect
 import json
+import pkgutil
 import shutil
 import subprocess
 import sys
 from dataclasses import replace
 
 import pytest
+import yaml
 
 from fedur.app.cli import MESSAGES, legacy_keys, parse_config
-from fedur.config import result_settings
+from fedur.config import RESULT_NEUTRAL, result_settings
 from fedur.errors import CommandLineError
 from fedur.train.run_dir import changed_settings
 
@@ -22,38 +26,99 @@ CAREFUL = "tests.plugins.described.Careful"
 CAPPED = "tests.plugins.described.Capped"
 
 
+def defined_in_modules(kind: str) -> set[type]:
+    """Every concrete public subclass of the kind's base that a module of fedur's package for the kind defines, found
+    by importing each module of the package (not from the subclass tree plugins.builtin walks)."""
+    from fedur import plugins
+
+    base = plugins.base_class(kind)
+    package = importlib.import_module(plugins.PACKAGES[kind])
+    found = set()
+    for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+        module = importlib.import_module(info.name)
+        found |= {obj for obj in vars(module).values() if isinstance(obj, type) and issubclass(obj, base) and obj is not base
+                  and obj.__module__ == module.__name__ and not obj.__name__.startswith("_") and not inspect.isabstract(obj)}
+    return found
+
+
+@pytest.mark.parametrize("kind", ["method", "labeller", "dataset"])
+def test_fedurs_plugins_are_every_class_its_modules_define_each_under_a_key_of_its_own(kind):
+    """plugins.builtin finds every method, labeller and dataset fedur's modules define (a new one is its file), each
+    with its own lowercase key, and the command line takes every one by its class name."""
+    from fedur import plugins
+
+    found = plugins.builtin(kind)
+    assert set(found) == defined_in_modules(kind) and len(found) > 1
+    keys = [cls.key for cls in found if getattr(cls, "key", None)]
+    assert len(keys) == len(set(keys)) and all(k == k.lower() for k in keys)
+    assert plugins.names(kind) == sorted(cls.__name__ for cls in found)
+    if kind != "dataset":  # a dataset's variant keeps its parent's key (data/test_datasets.py)
+        assert len(keys) == len(found), "every method and labeller has a key (the tables' rows, summary.json)"
+
+
 def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
-    from fedur.app.tables import grids
+    """The lookups the tables kept by hand, read from the classes: every method and labeller by key, each with its
+    table name; the paper's rows name only fedur's classes; the paper's baselines and the methods fedur added after
+    them (NEW_BASELINES) follow from the paper's tables and the classes."""
+    from fedur import plugins
+    from fedur.app.tables import grids, paper
     from fedur.data.datasets import dataset_classes
     from fedur.labels import CPL, FPL, CoDPL, CoPL, Labeller
-    from fedur.methods import PFedPrompt
 
     assert [c.label for c in (FPL, CPL, CoPL, CoDPL)] == ["FPL", "CPL", "CoPL", "CoDPL"]
     assert CoPL.added_settings == CoDPL.added_settings == {"quota_arithmetic": "exact"} and FPL.added_settings == {}
     assert Labeller.result_neutral == () and "labels." in Labeller.old_keys
     classes = dataset_classes()
     assert classes["cifar10"].result_neutral == ("root", "download") and "data.name" in classes["cub"].old_keys
-    # the lookups the tables kept by hand, now read from the classes: the same values, and every method fedur has
-    assert grids.METHOD_CLASSES.items() >= {"fedur": "FedUR", "fedcopl": "FedCoPL", "promptfl": "PromptFL",
-                                            "promptprox": "PromptProx", "pfedprompt": "PFedPrompt", "fedotp": "FedOTP",
-                                            "zeroshot": "ZeroShot", "gdau": "GDAU", "fedpgp": "FedPGP", "fedtpg": "FedTPG",
-                                            "promptfolio": "PromptFolio", "scaffold": "SCAFFOLD", "dpfpl": "DPFPL"}.items()
-    from fedur import plugins
-
-    assert set(grids.METHOD_CLASSES.values()) == set(plugins.names("method"))
-    assert grids.LABELLER_CLASSES == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
-    assert grids.BASELINE_LABELS == {"promptfl": "PromptFL", "promptprox": "PromptProx", "pfedprompt": "pFedPrompt",
-                                     "fedotp": "FedOTP"}
-    assert grids.LABELLER_LABELS == {"fpl": "FPL", "cpl": "CPL", "copl": "CoPL", "codpl": "CoDPL"}
-    assert set(grids.PRESETS) == {"promptfl", "promptprox", "pfedprompt", "fedotp", "fedpgp", "fedtpg", "promptfolio",
-                                  "fedcocoop", "fedkgcoop", "fedmaple", "fedpromptsrc", "pfedmoap", "fedpha", "dpfpl"}
-    assert grids.NEW_BASELINES == ("fedcocoop", "dpfpl", "fedpgp", "fedpha", "fedtpg", "fedkgcoop", "fedmaple", "pfedmoap",
-                                   "promptfolio", "fedpromptsrc", "scaffold")  # every method beside the paper's, by module
-    assert grids.DATASET_LABELS == {"dtd": "DTD", "resisc45": "RESISC45", "cub": "CUB", "ucf101": "UCF101",
-                                    "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
+    methods, labellers = plugins.builtin("method"), plugins.builtin("labeller")
+    assert grids.METHOD_CLASSES == {cls.key: cls.__name__ for cls in methods} and len(grids.METHOD_CLASSES) == len(methods)
+    assert grids.LABELLER_CLASSES == {cls.key: cls.__name__ for cls in labellers}
+    assert grids.LABELLER_LABELS == {cls.key: cls.label for cls in labellers}
+    labels = [cls.label for cls in methods] + [cls.label for cls in labellers]
+    assert all(labels) and len(set(labels)) == len(labels)  # a table tells every row apart
+    # every row of the paper's tables is fedur's: zero-shot, `<method>+<labeller>`, a method with its own labeller, or
+    # one of Table 6's ablations
+    rows = {row for table in paper.PAPER.values() for dataset in table.values() for cells in dataset.values() for row in cells}
+    ablations = {key for key, *_ in grids.ABLATION}
+    for row in rows - ablations:
+        method, _, labeller = row.partition("+")
+        assert method in grids.METHODS and (not labeller or labeller in grids.LABELLERS), row
+    baselines = {row.partition("+")[0] for row in rows - ablations if "+" in row}  # the paper's FL baselines
+    assert set(grids.BASELINES) == baselines and grids.BASELINE_LABELS == {k: grids.METHODS[k].label for k in grids.BASELINES}
+    assert all(grids.METHODS[k].preset for k in grids.BASELINES)  # each with its published settings (the 'own' protocol)
+    in_the_paper = {row.partition("+")[0] for row in rows} & set(grids.METHODS)
+    assert grids.NEW_BASELINES == tuple(cls.key for cls in methods if cls.trains and cls.key not in in_the_paper)
+    assert grids.NEW_BASELINES and not set(grids.NEW_BASELINES) & set(grids.BASELINES)
+    assert grids.TABLE1_DATASETS == paper.DATASETS_T1
+    assert grids.DATASET_LABELS == {key: classes[key].label for key in paper.DATASETS_T1}
     assert [r.labels for r in grids.PAPER_ROWS[:3]] == [("CLIP (zero-shot)", "-"), ("GDA-U", "EM"), ("PromptFL", "FPL")]
-    assert grids.METHODS["pfedprompt"] is PFedPrompt
-    keys = legacy_keys()  # what main.py listed by hand, its names now fedur's own classes of each kind
+    assert all(grids.METHODS[cls.key] is cls for cls in methods)
+
+
+def test_every_preset_a_class_names_has_its_yaml_and_every_preset_yaml_its_class():
+    """A method's `preset` is configs/presets/<preset>.yaml (its published settings: the 'own' protocol's grids) and it
+    has a demo preset, configs/presets/demo/<key>.yaml (the demo's learning rate); no YAML there is left without its
+    class. PRESETS (the tables' list) is every method with a preset."""
+    from fedur import plugins
+    from fedur.app.tables import grids
+
+    methods = plugins.builtin("method")
+    presets = plugins.configs_dir() / "presets"
+    with_preset = [cls for cls in methods if cls.preset]
+    assert grids.PRESETS == tuple(cls.key for cls in with_preset)
+    assert {p.stem for p in presets.glob("*.yaml")} == {cls.preset for cls in with_preset}
+    assert {p.stem for p in (presets / "demo").glob("*.yaml")} <= {cls.key for cls in methods}
+    for cls in with_preset:
+        assert plugins.demo_preset(cls) is not None, f"{cls.__name__}: no configs/presets/demo/{cls.key}.yaml"
+    published, demo = {cls.preset: cls.__name__ for cls in with_preset}, {cls.key: cls.__name__ for cls in methods}
+    for folder, owner in ((presets, published), (presets / "demo", demo)):  # each parses: tests/test_configs.py
+        for path in folder.glob("*.yaml"):
+            assert yaml.safe_load(path.read_text())["method"]["class_path"] == owner[path.stem], path  # its method
+
+
+def test_the_old_keys_name_fedurs_own_classes():
+    """What main.py listed by hand of the old keys, its names now fedur's own classes of each kind."""
+    keys = legacy_keys()
     assert keys.items() >= {
         "labels.": "--labeller CLASS --labeller.<arg> (e.g. --labeller CoDPL --labeller.tau_neg 0.3)",
         "data.root": "--dataset.root",
@@ -65,7 +130,6 @@ def test_fedur_classes_say_what_the_tables_and_resumes_used_to_list():
 
     for old, kind in (("method.name", "method"), ("method.labeller", "labeller"), ("data.name", "dataset")):
         assert keys[old].endswith(f"CLASS ({', '.join(plugins.names(kind))})"), keys[old]
-    assert {"FedUR", "SCAFFOLD", "FedTPG", "ZeroShot"} <= set(plugins.names("method"))  # every method, not 8 of them
 
 
 # What config.py's RESULT_NEUTRAL and run_dir.py's ADDED_SETTINGS listed by hand before the classes said it (and the
@@ -95,7 +159,9 @@ def test_fedur_plugins_record_and_compare_the_same_settings_as_before(plugins):
     flat = flat_settings(cfg.settings)
     settings = result_settings(cfg.settings)
     off = {k for k in flat if k.startswith("privacy.") and k != "privacy.mode"}  # privacy off: only its mode is recorded
-    assert settings == {k: v for k, v in flat.items() if k not in OLD_RESULT_NEUTRAL | off}  # the checkpoints' record
+    assert OLD_RESULT_NEUTRAL <= RESULT_NEUTRAL | {"dataset.root", "dataset.download"}  # what changed nothing still does not
+    added = RESULT_NEUTRAL - OLD_RESULT_NEUTRAL  # settings added since, result-neutral from their start
+    assert settings == {k: v for k, v in flat.items() if k not in OLD_RESULT_NEUTRAL | added | off}  # the checkpoints' record
     old_run = {k: v for k, v in settings.items() if k not in OLD_ADDED_SETTINGS}  # a checkpoint from before them
     for now in (settings, {**settings, **{k: "other" for k in OLD_ADDED_SETTINGS if k in settings}}):
         as_before = {**{k: v for k, v in OLD_ADDED_SETTINGS.items() if k in now}, **old_run}  # run_dir.py's rule then

@@ -18,8 +18,8 @@ from .shared_runs import SHARED
 
 TINY = ["--config", "configs/tiny.yaml", "--run.progress", "false"]
 WITNESS = ["--method", "tests.plugins.witness.Witness"]
-LAGGING = ["--federation.drop_rate", "0.3", "--federation.speeds", "lognormal", "--federation.deadline", "1.0",
-           "--federation.late", "partial"]
+LAGGING = ["--clock.drop_rate", "0.3", "--clock.speeds", "lognormal", "--clock.deadline", "1.0",
+           "--clock.late", "partial"]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_the_rounds_answers_reach_tensorboard_the_summary_and_a_figure(lagging):
 
 
 def test_a_round_with_too_few_uploads_keeps_the_global_state(run_main, tmp_path):
-    result = run_main(*TINY, *WITNESS, "--federation.drop_rate", "0.6", "--federation.min_uploads", "3",
+    result = run_main(*TINY, *WITNESS, "--clock.drop_rate", "0.6", "--clock.min_uploads", "3",
                       "--run.keep_checkpoints", "5", "--run.output_dir", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr
     rounds = read_rounds(tmp_path / "run")
@@ -84,7 +84,7 @@ def test_a_round_with_too_few_uploads_keeps_the_global_state(run_main, tmp_path)
 def test_an_attacker_trains_on_flipped_pseudo_labels(run_main, tmp_path):
     flags = [*TINY, "--federation.rounds", "1", "--evaluation.global_model", "false"]
     honest = run_main(*flags, "--run.output_dir", str(tmp_path / "honest"))
-    flipped = run_main(*flags, "--federation.attackers", "1", "--federation.attack", "label_flip",
+    flipped = run_main(*flags, "--adversary.attackers", "1", "--adversary.attack", "label_flip",
                        "--run.output_dir", str(tmp_path / "flipped"))
     assert honest.returncode == 0 and flipped.returncode == 0, flipped.stderr
     attacker = streams.chosen(4, 1, 1)[0]  # run.seed 1's draw
@@ -96,16 +96,18 @@ def test_an_attacker_trains_on_flipped_pseudo_labels(run_main, tmp_path):
 
 
 @pytest.mark.parametrize(("flags", "says"), [
-    (["--federation.drop_rate", "1"], "federation.drop_rate"),
-    (["--federation.attackers", "5", "--federation.attack", "scale"], "at most every client can attack"),
-    (["--federation.attackers", "1"], "set both"),
-    (["--federation.min_uploads", "5"], "no round could aggregate"),
-    (["--federation.over_select", "0.5"], "join_rate 1 draws every client already"),
-    (["--method", "GDAU", "--federation.aggregator", "median"], "sums its clients' statistics"),
-    (["--method", "ZeroShot", "--federation.attackers", "1", "--federation.attack", "label_flip"], "ZeroShot has none"),
-    (["--privacy.mode", "central", "--privacy.noise_multiplier", "1", "--federation.drop_rate", "0.2"],
-     "does not combine with federation.drop_rate"),
-    (["--federation.speeds", "no-such-file.json"], "no such file"),
+    (["--clock.drop_rate", "1"], "clock.drop_rate"),
+    (["--adversary.attackers", "5", "--adversary.attack", "scale"], "at most every client can attack"),
+    (["--adversary.attackers", "1"], "set both"),
+    (["--clock.min_uploads", "5"], "no round could aggregate"),
+    (["--clock.over_select", "0.5"], "join_rate 1 draws every client already"),
+    (["--method", "GDAU", "--aggregator.rule", "median"], "sums its clients' statistics"),
+    (["--method", "ZeroShot", "--adversary.attackers", "1", "--adversary.attack", "label_flip"], "ZeroShot has none"),
+    (["--privacy.mode", "central", "--privacy.noise_multiplier", "1", "--clock.deadline", "0.9"],
+     "who counts would follow a client's own number of local steps"),
+    (["--privacy.mode", "central", "--privacy.noise_multiplier", "1", "--aggregator.rule", "median"],
+     "a reducer of its own"),
+    (["--clock.speeds", "no-such-file.json"], "no such file"),
 ])
 def test_a_setting_that_cannot_run_stops_in_one_line_before_anything_is_loaded(run_main, tmp_path, flags, says):
     result = run_main(*TINY, *flags, "--run.output_dir", str(tmp_path / "run"))
@@ -115,7 +117,7 @@ def test_a_setting_that_cannot_run_stops_in_one_line_before_anything_is_loaded(r
 
 
 def test_a_deadline_no_upload_can_meet_stops_before_round_one(run_main, tmp_path):
-    result = run_main(*TINY, "--federation.bandwidth", "10", "--federation.deadline", "1", "--federation.deadline_unit",
+    result = run_main(*TINY, "--clock.bandwidth", "10", "--clock.deadline", "1", "--clock.deadline_unit",
                       "seconds", "--run.output_dir", str(tmp_path / "run"))
     assert result.returncode != 0 and "no upload could arrive in time" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -125,7 +127,7 @@ def test_a_deadline_no_upload_can_meet_stops_before_round_one(run_main, tmp_path
 def test_everything_off_is_the_default_and_changes_no_result(tiny_runs):
     """The shared FedUR case ran with every federation setting of this issue at its default: every asked client's
     upload taken, none lost, late or surplus, and the virtual clock counting local steps at 1 per second."""
-    assert "--federation.drop_rate" not in SHARED
+    assert "--clock.drop_rate" not in SHARED
     for r in read_rounds(tiny_runs / "fedur"):
         assert r["accepted"] == r["asked"] == r["participants"]
         assert r["dropped"] == r["late"] == r["surplus"] == r["histograms_lost"] == [] and not r["kept_global"]

@@ -17,8 +17,9 @@ from dataclasses import fields
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance, set_parsing_settings
 
 from fedur import plugins
-from fedur.config import GROUPS, PLUGINS, Config
+from fedur.config import GROUPS, PLUGINS, RENAMED, Config
 from fedur.errors import CommandLineError, ConfigError
+from fedur.launch_env import LaunchEnv
 
 PLUGIN_HELP = {
     "method": "The federated method: one of fedur's ({names}; default FedUR), or the import path of a class of "
@@ -113,7 +114,8 @@ def parse_config(argv: list[str] | None = None, parser: ArgumentParser | None = 
 
 def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = None) -> tuple[Config, Namespace]:
     """`parse_config`'s Config and the whole namespace (with --check_data)."""
-    given = sys.argv[1:] if argv is None else argv
+    argv = moved_keys(sys.argv[1:] if argv is None else argv)
+    given = argv
     docs = any("help" in arg or "print_config" in arg for arg in given)
     parser = parser or build_parser(docs=docs)
     namespace = parse_namespace(parser, argv)
@@ -138,6 +140,51 @@ def parse_args(argv: list[str] | None = None, parser: ArgumentParser | None = No
         for field in fields(group):
             setattr(group, field.name, _plain_number(getattr(group, field.name)))
     return Config(**{name: objects[name] for name in keys}, plugins=given), namespace
+
+
+def moved_keys(argv: list[str]) -> list[str]:
+    """`argv` with every key that moved to a group of its own (fedur.config.RENAMED) under its new name, on the command
+    line (`--federation.drop_rate 0.2`) and in YAML files (`--config run/config.yaml` of a run from before: read, its
+    keys moved, handed on as YAML text); each old key said once, by rank 0."""
+    out, said = [], []
+    for i, arg in enumerate(argv):
+        key, sep, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if key in RENAMED:
+            out.append(f"--{RENAMED[key]}{sep}{value}")
+            said.append(key)
+        elif i > 0 and argv[i - 1] == "--config" or key == "config" and sep:
+            out.append(("--config=" if sep else "") + moved_in_file(value if sep else arg, said))
+        else:
+            out.append(arg)
+    for key in dict.fromkeys(said):
+        if LaunchEnv.read().is_rank_zero and key not in SAID:
+            print(f"fedur: note: {key} is {RENAMED[key]} now (the old key still works)", file=sys.stderr)
+            SAID.add(key)
+    return out
+
+
+SAID: set[str] = set()  # the old keys said in this process
+
+
+def moved_in_file(path: str, said: list[str]) -> str:
+    """A `--config` value as given, or, for a YAML file holding keys that moved, its settings with them moved as YAML
+    text (`said`: the old keys found are added)."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            settings = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return path  # jsonargparse reads it (a YAML string, or an error in its words)
+    old = settings.get("federation") if isinstance(settings, dict) else None
+    found = [k for k in (old or {}) if f"federation.{k}" in RENAMED] if isinstance(old, dict) else []
+    if not found:
+        return path
+    for key in found:
+        group, new = RENAMED[f"federation.{key}"].split(".")
+        settings.setdefault(group, {})[new] = old.pop(key)
+        said.append(f"federation.{key}")
+    return yaml.safe_dump(settings, sort_keys=False)
 
 
 @functools.lru_cache(maxsize=8)

@@ -26,6 +26,7 @@ from fedur.errors import FedurError
 from fedur.metrics import best, fmt, round_numbers
 from fedur.plots import line_plot, save
 from fedur.train.progress import format_duration
+from fedur.train.round_fields import FIELDS, Field, Protocol
 
 
 class ReportError(FedurError, ValueError):
@@ -152,48 +153,42 @@ def client_rows(run: Run) -> list[list[str]]:
         rows.append([
             f"{k} (new)" if k in new else str(k), str(run.train_sizes[k]) if k < len(run.train_sizes or []) else "",
             _pct(zero_shot[k] if k < len(zero_shot) else None),
-            _pct(curve[-1]), _best_at(curve), str(run.rounds[-1]["selected"][k]),
+            _pct(curve[-1]), _best_at(curve), fmt(run.rounds[-1]["selected"][k], 0, missing=""),  # None: no labeller
         ])
     return rows
 
 
+def protocols(run: Run) -> list[tuple[Protocol, str, str, float | None, list[float | None]]]:
+    """(its declaration, name, what it tests, its value before any round, its value after each round) of each
+    evaluation protocol the run reports (docs/protocols.md), from the fields that declare one
+    (fedur/train/round_fields.py): one whose every value is None is left out, but not a held-out set of the last round."""
+    last = run.rounds[-1]
+    new = set(last.get("new_clients") or [])
+    training = [k for k in range(len(last["client_accuracy"])) if k not in new]
+    words = {"covers": f"{len(training)} training client(s)", "new": last.get("new_clients")}
+    found = []
+    for key, p in ((f.key, f.protocol) for f in FIELDS if f.protocol is not None):
+        before = run.zero_shot.get(p.zero_shot) if p.zero_shot else None
+        if p.name is None:  # a dict: one protocol per key of the last round
+            for name in last.get(key) or {}:
+                values = [(r.get(key) or {}).get(name) for r in run.rounds]
+                found.append((p, name, p.what(name), (before or {}).get(name), values))
+        elif any(r.get(key) is not None for r in run.rounds):
+            found.append((p, p.name, p.what.format(**words), before, [r.get(key) for r in run.rounds]))
+    return found
+
+
 def protocol_rows(run: Run) -> list[list[str]]:
-    """One row per evaluation protocol the run reports (docs/protocols.md): what it tests on what, its zero-shot
-    value where there is one, its last round's and its best."""
+    """One row per evaluation protocol the run reports (`protocols`): what it tests on what, its zero-shot value where
+    there is one, its last round's and its best; then the row of summary.json's value that follows it (Protocol.then)."""
     if not run.rounds:
         return []
-    last, zero_shot = run.rounds[-1], run.zero_shot
-    training = [k for k in range(len(last["client_accuracy"])) if k not in set(last.get("new_clients") or [])]
-    covers = f"{len(training)} training client(s)"
-    protocols = [
-        ("personal", f"mean over the {covers}, each on its own test set with its own model",
-         zero_shot.get("zero_shot_client_mean"), "mean_accuracy"),
-        ("personal, weighted", f"the same {covers}, weighted by their test images", zero_shot.get("zero_shot_global"),
-         "weighted_accuracy"),
-        ("global", f"the server's model on the {covers}' test images together", zero_shot.get("zero_shot_global"),
-         "global_accuracy"),
-        ("dual", "harmonic mean of personal and global", None, "dual_accuracy"),
-        ("new clients, as they arrive", f"clients {last.get('new_clients')}, held out of every round",
-         zero_shot.get("zero_shot_new_clients"), "new_client_accuracy"),
-    ]
     rows = []
-    for name, what, before, key in protocols:
-        values = [r.get(key) for r in run.rounds]
-        if any(v is not None for v in values):
-            rows.append([name, what, _pct(before), _pct(values[-1]), _best_at(values)])
-    adapted = (run.summary or {}).get("new_client_adapted_accuracy")
-    if adapted is not None:
-        rows.append(["new clients, adapted", "after adapting alone on their own train images", "", _pct(adapted), ""])
-    for name in last.get("held_out_accuracy") or {}:
-        values = [(r.get("held_out_accuracy") or {}).get(name) for r in run.rounds]
-        what = "the server's model on the novel classes, with their names" if name == "novel" else \
-            f"the server's model on the held-out {name.split(':', 1)[-1]} domain"
-        rows.append([name, what, _pct((zero_shot.get("zero_shot_held_out") or {}).get(name)), _pct(values[-1]),
-                     _best_at(values)])
-    harmonic = [r.get("base_novel_harmonic") for r in run.rounds]
-    if any(v is not None for v in harmonic):
-        rows.append(["base-novel harmonic", "harmonic mean of personal (base) and novel", "", _pct(harmonic[-1]),
-                     _best_at(harmonic)])
+    for p, name, what, before, values in protocols(run):
+        rows.append([name, what, _pct(before), _pct(values[-1]), _best_at(values)])
+        value = (run.summary or {}).get(p.then[2]) if p.then else None
+        if value is not None:
+            rows.append([p.then[0], p.then[1], "", _pct(value), ""])
     return rows
 
 
@@ -207,10 +202,19 @@ def method_metric_rows(run: Run) -> list[list[str]]:
     return rows
 
 
+def round_table(run: Run, table: str) -> tuple[list[str], list[list[str]]]:
+    """fedur-report's per-round `table` ("privacy", "answers"): its header and a row per round that has its first
+    field: the round, the table's columns (the fields that declare one: fedur/train/round_fields.py), the mean
+    accuracy."""
+    fields: list[Field] = [f for f in FIELDS if f.column is not None and f.column.table == table]
+    header = ["round", *(f.column.header for f in fields), "mean accuracy"]
+    return header, [[str(r["round"]), *(f.column.cell(r.get(f.key)) for f in fields), _pct(r.get("mean_accuracy"))]
+                    for r in run.rounds if fields[0].key in r]
+
+
 def privacy_rows(run: Run) -> list[list[str]]:
     """Privacy on: epsilon at delta spent after each round (and the clip), with how the run ended."""
-    rows = [[str(r["round"]), "inf" if r["epsilon"] is None else f"{r['epsilon']:.3f}", f"{r.get('clip', 0):.4g}",
-             _pct(r.get("mean_accuracy"))] for r in run.rounds if "epsilon" in r]
+    rows = round_table(run, "privacy")[1]
     stop = (run.summary or {}).get("privacy", {})
     if stop.get("stopped_at_target"):
         rows.append([f"stopped before {stop['stopped_before_round']}", f"target {stop['target_epsilon']:g}", "", ""])
@@ -226,11 +230,7 @@ def clients_misbehave(run: Run) -> bool:
 def client_answer_rows(run: Run) -> list[list[str]]:
     """Clients that drop, lag or attack: per round how many were asked, answered, lost, late and taken, and the
     virtual time; [] for a run where every asked client answered on time (`clients_misbehave`)."""
-    if not clients_misbehave(run):
-        return []
-    return [[str(r["round"]), *(str(len(r.get(key) or [])) for key in ("asked", "answered", "dropped", "late", "accepted")),
-             "kept" if r.get("kept_global") else "", f"{r.get('virtual_seconds', 0):.4g}", f"{r.get('virtual_clock', 0):.4g}",
-             _pct(r.get("mean_accuracy"))] for r in run.rounds if "asked" in r]
+    return round_table(run, "answers")[1] if clients_misbehave(run) else []
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -260,14 +260,13 @@ def markdown(runs: list[Run], pngs: list[Path]) -> str:
         if privacy:
             delta = run.rounds[-1].get("delta")
             parts.append(f"Privacy (epsilon at delta {delta:g}, docs/privacy.md):\n\n" + table(
-                ["round", "epsilon", "clip", "mean accuracy"], privacy))
+                round_table(run, "privacy")[0], privacy))
         answers = client_answer_rows(run)
         if answers:
             system = (run.summary or {}).get("system", {})
             said = f"attackers {system['attackers']} ({system['attack']}), " if system.get("attackers") else ""
             parts.append(f"Clients that answered ({said}aggregator {system.get('aggregator', 'mean')}; docs/system.md):\n\n"
-                         + table(["round", "asked", "answered", "lost", "late", "taken", "global", "virtual s",
-                                  "virtual clock", "mean accuracy"], answers))
+                         + table(round_table(run, "answers")[0], answers))
         metrics = method_metric_rows(run)
         if metrics:  # what the method's server reported (Aggregated.metrics)
             parts.append("Method metrics:\n\n" + table(["metric", "first round", "last round", "min", "max"], metrics))
@@ -322,23 +321,12 @@ def virtual_time_series(runs: list[Run]) -> dict[str, tuple[list[float], list[fl
 
 
 def protocol_series(run: Run) -> dict[str, tuple[list[int], list[float | None]]]:
-    """Each protocol's curve over the rounds (0: zero-shot CLIP where it has a value), for those the run reports."""
-    zero_shot = run.zero_shot
-    series = {
-        "personal": (zero_shot.get("zero_shot_client_mean"), "mean_accuracy"),
-        "global": (zero_shot.get("zero_shot_global"), "global_accuracy"),
-        "dual": (None, "dual_accuracy"),
-        "new clients, arriving": (zero_shot.get("zero_shot_new_clients"), "new_client_accuracy"),
-    }
-    out = {}
-    for name, (before, key) in series.items():
-        values = [r.get(key) for r in run.rounds]
-        if any(v is not None for v in values):
-            out[name] = run.curve([before, *values])
-    for name in (run.rounds[-1].get("held_out_accuracy") or {}) if run.rounds else ():
-        before = (zero_shot.get("zero_shot_held_out") or {}).get(name)
-        out[name] = run.curve([before, *((r.get("held_out_accuracy") or {}).get(name) for r in run.rounds)])
-    return out
+    """Each protocol's curve over the rounds (0: zero-shot CLIP where it has a value), for those the run reports and
+    whose field draws one (Protocol.curve)."""
+    if not run.rounds:
+        return {}
+    return {p.curve or name: run.curve([before, *values]) for p, name, _, before, values in protocols(run)
+            if p.curve is not None}
 
 
 def main(argv: list[str] | None = None) -> None:

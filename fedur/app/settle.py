@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import sys
 
+from fedur import channel
+from fedur.channel import clock
 from fedur.config import Config, new_client_count
 from fedur.data.split_file import count_clients
 from fedur.errors import ConfigError
 from fedur.launch_env import LaunchEnv
+from fedur.methods.backbones import check_backbone
 from fedur.model.clip import check_model
 from fedur.train import faults
+from fedur.train.trackers import check_trackers
 
 
 def settle(cfg: Config, env: LaunchEnv) -> Config:
@@ -52,48 +56,18 @@ def settle_num_clients(cfg: Config) -> int | None:
     return fed.num_clients
 
 
-def check_uploads(cfg: Config, labeller, held: int) -> None:
-    """The refusals of how clients answer (federation.drop_rate ... clip_norm; fedur/train/uploads.py), in one line."""
-    from fedur.federated.attacks import MODEL_ATTACKS
-    from fedur.methods.base import shared_names
-    from fedur.train.uploads import build
-
-    fed, method = cfg.federation, cfg.method
-    build(fed, fed.num_clients - held, cfg.run.seed, cfg.optim.batch_size, fed.local_epochs)
-    robust = fed.aggregator != "mean"
-    if robust and (method.summed or not shared_names(method)):
-        what = "sums its clients' statistics (Method.summed)" if method.summed else "shares no piece"
-        raise ConfigError(f"federation.aggregator={fed.aggregator} combines the clients' uploads of the shared pieces, and "
-                          f"{type(method).__name__} {what}; use federation.aggregator=mean")
-    if fed.attack in MODEL_ATTACKS and not shared_names(method):
-        raise ConfigError(f"federation.attack={fed.attack} replaces a client's update of the shared pieces, and "
-                          f"{type(method).__name__} shares none; label_flip poisons its pseudo-labels instead")
-    if fed.attack == "label_flip" and labeller is None:
-        raise ConfigError(f"federation.attack=label_flip flips pseudo-labels, and {type(method).__name__} has none")
-    if cfg.privacy.mode != "none":
-        combined = [key for key, on in (("federation.drop_rate", fed.drop_rate > 0), ("federation.over_select", fed.over_select > 0),
-                                        ("federation.aggregator", robust)) if on]
-        if combined:
-            raise ConfigError(f"privacy.mode={cfg.privacy.mode} does not combine with {', '.join(combined)} yet: the "
-                              "private release is the noised mean of every drawn client's update (a lost histogram, a "
-                              "surplus upload or a robust rule over the rows is not in its accounting); "
-                              "federation.deadline and attackers do combine")
-    if fed.over_select and fed.join_rate == 1:
-        raise ConfigError("federation.over_select asks more clients than federation.join_rate draws, and join_rate 1 "
-                          "draws every client already; lower join_rate")
-
-
 def check(cfg: Config, env: LaunchEnv) -> None:
     """What the annotations cannot check, on a settled Config."""
     labeller = cfg.method.pair(cfg.labeller)
-    held = new_client_count(cfg.evaluation.new_clients, cfg.federation.num_clients)
+    fed = cfg.federation
+    training = fed.num_clients - new_client_count(cfg.evaluation.new_clients, fed.num_clients)
+    channel.check(cfg.stages, cfg.method, labeller, training, fed.join_rate)  # the exchange's stages and their composition
     if cfg.privacy.mode != "none":  # every refusal of the privacy settings, before anything is loaded
         from fedur.privacy import Federation, build
 
-        fed = cfg.federation
-        federation = Federation(fed.num_clients - held, fed.join_rate, cfg.run.seed, cfg.method.rounds(fed.rounds), fed.refresh_every)
-        build(cfg.privacy, federation, labeller, cfg.method)
-    check_uploads(cfg, labeller, held)
+        build(cfg.privacy, Federation(training, fed.join_rate, cfg.run.seed, cfg.method.rounds(fed.rounds), fed.refresh_every),
+              labeller, cfg.method)
+    clock.client_speeds(cfg.clock.speeds, training, cfg.clock.speed_spread, cfg.run.seed, cfg.clock.bandwidth)  # a speeds file
     held_out = cfg.evaluation.base_to_novel or cfg.evaluation.held_out_domain is not None
     if held_out and cfg.federation.partition == "file":
         raise ConfigError("evaluation.base_to_novel and evaluation.held_out_domain choose the clients' images themselves; "
@@ -112,6 +86,11 @@ def check(cfg: Config, env: LaunchEnv) -> None:
               file=sys.stderr)
     if env.precision_warning(cfg.fabric) and env.is_rank_zero:
         print(f"fedur: warning: {env.precision_warning(cfg.fabric)}", file=sys.stderr)
+    if cfg.dataset.test_only:
+        raise ConfigError(f"{type(cfg.dataset).__name__} is a test set only; train on another dataset (ImageNet for ImageNet's "
+                          f"shifted sets) and test the run on it with fedur-cross-dataset RUN --dataset {type(cfg.dataset).__name__}")
     faults.injected()
     check_model(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
+    check_backbone(cfg.method, cfg.model.name, cfg.model.visual_tokens)  # the method's prompts fit the model's towers
+    check_trackers(cfg.run.loggers)  # every run.loggers library is installed
     cfg.dataset.check()

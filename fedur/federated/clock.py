@@ -35,7 +35,7 @@ class Arrivals:
     """Who of a round's asked clients the server takes, and when (rows are client ids; every rank the same)."""
 
     asked: Tensor  # (K,) bool: drawn to take part
-    lost: Tensor  # (K,) bool: trained and sent, and the upload never arrived (federation.drop_rate)
+    lost: Tensor  # (K,) bool: trained and sent, and the upload never arrived (clock.drop_rate)
     late: Tensor  # (K,) bool: would arrive after the deadline ('drop': left out; 'partial': cut short, see `budget`)
     surplus: Tensor  # (K,) bool: arrived in time, after the first `wanted` (over-selection): not taken
     accepted: Tensor  # (K,) bool: whose upload the server aggregates
@@ -114,3 +114,27 @@ def arrivals(asked: Tensor, steps: Tensor, speeds: Tensor, upload_bytes: float, 
 def planned_steps(selected: Tensor, batch_size: int, local_epochs: int) -> Tensor:
     """(K,) int64 each client's local steps in a round: its epochs over its `selected` pseudo-labels in batches."""
     return torch.tensor([local_epochs * math.ceil(int(n) / batch_size) for n in selected.tolist()], dtype=torch.long, device="cpu")
+
+
+def publicly(found: Arrivals, steps: Tensor, speeds: Tensor, upload_bytes: float, bandwidths: Tensor | None,
+             deadline: float | None) -> Arrivals:
+    """`found` as a clock that may read public quantities only decides it (privacy on): every asked client that is
+    not lost is taken; a deadline (in virtual seconds) caps each one's local steps at those its speed finishes in time
+    to send, floor((deadline - bytes / bandwidth) x speed), whatever its own number of steps (a client with no step in
+    time sends its update of zero steps). `late` marks the clients the cap cut short (the run's own record, not a
+    decision); the round lasts until the last arrival or the deadline. `steps`: (K,) each client's planned steps."""
+    asked, lost = found.asked, found.lost
+    sending = torch.zeros_like(found.seconds) if bandwidths is None else upload_bytes / bandwidths.double()
+    planned = torch.where(asked, steps.long(), torch.zeros_like(steps.long()))
+    budget = planned
+    if deadline is not None:
+        cap = torch.floor(((deadline - sending) * speeds.double()).clamp_min(0)).long()
+        budget = torch.where(asked, torch.minimum(cap, planned), planned)
+    taken = asked & ~lost
+    arrival = torch.where(taken, budget.double() / speeds.double() + sending, torch.zeros((), dtype=torch.float64, device="cpu"))
+    duration = float(arrival[taken].max()) if bool(taken.any()) else 0.0
+    duration = max(duration, float(found.seconds[asked & lost].max()) if bool((asked & lost).any()) else 0.0)
+    duration = duration if deadline is None else min(duration, float(deadline))
+    return Arrivals(asked=asked, lost=lost, late=taken & (budget < planned), surplus=torch.zeros_like(asked), accepted=taken,
+                    seconds=found.seconds, arrival=arrival, budget=budget, round_seconds=duration,
+                    deadline_seconds=None if deadline is None else float(deadline))

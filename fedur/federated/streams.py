@@ -55,7 +55,7 @@ def poisson_participants(num_clients: int, rate: float, seed: int, round_idx: in
     return rng.random(num_clients) < rate
 
 
-_SYSTEM = 5  # who answers, how fast, who attacks (federation.drop_rate, speeds, attackers)
+_SYSTEM = 5  # who answers, how fast, who attacks (clock.drop_rate, speeds, attackers)
 LOST_UPLOAD, LOST_HISTOGRAM, SPEED, BANDWIDTH, ATTACKERS, ATTACK_NOISE = 1, 2, 3, 4, 5, 6
 
 
@@ -82,5 +82,5 @@ def chosen(num_clients: int, count: int, seed: int, what: int = ATTACKERS) -> li
 
 
 def attack_generator(seed: int, client_id: int, round_idx: int) -> torch.Generator:
-    """The stream of an attacker's garbage (federation.attack gaussian) in round `round_idx`."""
+    """The stream of an attacker's garbage (adversary.attack gaussian) in round `round_idx`."""
     return torch.Generator().manual_seed(_seed(seed, _SYSTEM, ATTACK_NOISE, round_idx, client_id))

@@ -161,3 +161,10 @@ class HardLabeller(Labeller):
     def class_weights(self, quotas: Tensor, selected: Tensor) -> Tensor | None:
         source = quotas if self.weight_source == "requested" else selected
         return class_weights(source.sum(dim=0), self.class_weight_fn)
+
+
+def weighs_classes(labeller: Labeller) -> bool:
+    """Whether the labeller's loss weighs its classes by the federation's selected counts (its `class_weights` of any
+    counts is not None): only then does a refresh exchange the selected counts."""
+    ones = torch.ones(1, 2, dtype=torch.long, device="cpu")
+    return labeller.class_weights(ones, ones) is not None

@@ -60,6 +60,8 @@ class ClientData:
 
     model: PromptedCLIP
     features: Callable[[ClientState, np.ndarray | None], Tensor]  # the process's pass over a client's images
+    secret_seed: int | None = None  # the run's secret seed (privacy's noise, a method's own secret draws:
+    # ClientSide.draws_secret_noise); None where the run draws no secret noise
 
     def train_features(self, client: ClientState, positions: np.ndarray | None = None) -> Tensor:
         """(n, D) unit-norm frozen CLIP image features (no prompts), float32 on CPU, of the client's train
@@ -79,6 +81,7 @@ class LocalStep:
     lr: float  # this step's learning rate (the schedule's, as the optimizer applies it; of its first piece, where the
     # pieces train at rates of their own: Piece.lr_scale)
     optimizer: torch.optim.Optimizer
+    round_idx: int = 0  # the round (from 0; a new client's adaptation: one past the last)
 
 
 @dataclass(frozen=True)
@@ -105,16 +108,24 @@ class LocalRound:
 
 @dataclass(frozen=True)
 class ServerRound:
-    """What the server knows when it aggregates a round (every rank the same)."""
+    """What the server knows when it aggregates a round (every rank the same): what the channel released of the
+    clients' uploads (fedur/channel/: the clock's accepted clients, the reducer's rows), read through `mean`, `total`
+    and `rows`."""
 
     number: int  # the round, from 1
     rounds: int  # how many the run has
-    uploads: dict[str, Tensor]  # {name: (K, *shape)}, row k client k's (zeros for one with weight 0); summed: (*shape)
-    weights: Tensor  # (K,) the aggregation weight of each client, 0 for those that did not upload
+    released: dict[str, Tensor]  # {name: (K, *shape)} each accepted client's row as the reducer left it (zeros for the
+    # others); a name in Method.summed: its (*shape) sum over the accepted clients
+    weights: Tensor  # (K,) the aggregation weight of each client, 0 for those whose upload was not taken
     current: dict[str, Tensor]  # the global value of each shared piece before this round's aggregation
     state: dict[str, Tensor]  # the method's own server state from the round before ({} at first)
     training: Tensor | None = None  # (K,) bool: the federation's clients (False: a new client held out of every round,
     # evaluation.new_clients: it never uploads); None: every client
+    own_rows: bool = True  # each accepted row is its client's own (False: the reducer released one value, a median,
+    # a trimmed mean or central privacy's noised mean, and every accepted row holds it)
+    rows_readable: bool = True  # whether `rows` may be read (Method.reads_rows, fedur/channel/__init__.py)
+    reducer: str = "mean"  # what released the rows, for the refusal's message
+    summed: tuple[str, ...] = ()  # the names exchanged as their sum (Method.summed)
 
     @property
     def participants(self) -> Tensor:
@@ -125,6 +136,31 @@ class ServerRound:
     def federation(self) -> int:
         """N: how many clients the federation has (the new clients held out of every round not counted)."""
         return len(self.weights) if self.training is None else int(self.training.sum())
+
+    def mean(self, name: str) -> Tensor | None:
+        """The weighted average of the accepted rows of `name` in client-id order (the reducer's value under a robust
+        rule or central privacy); None when no upload was taken."""
+        return weighted_average(self.released[name], self.weights)
+
+    def total(self, name: str) -> Tensor:
+        """The sum of the accepted rows of `name` in client-id order (a name in Method.summed: its sum as exchanged)."""
+        return self.released[name] if name in self.summed else self.released[name].sum(dim=0)
+
+    def rows(self, name: str) -> Tensor:
+        """(K, *shape) the accepted rows of `name`, zeros for the others: each client's own where the reducer keeps
+        them; where it released one value every accepted row holds it, and reading them is refused unless the method
+        declares that it can live with that (Method.reads_rows = "released")."""
+        if not self.rows_readable:
+            raise PluginError(f"ServerRound.rows({name!r}): under {self.reducer} every accepted row is the one released "
+                              "value, not the client's own; a method that can live with that declares reads_rows = "
+                              "\"released\" (fedur/methods/base.py), one that needs the clients' own declares \"own\" and "
+                              "is refused with that reducer before the run starts")
+        return self.released[name]
+
+    @property
+    def uploads(self) -> dict[str, Tensor]:
+        """{name: `rows(name)`} (and a summed name's sum): the rows under their name before fedur 0.5."""
+        return {name: self.released[name] if name in self.summed else self.rows(name) for name in self.released}
 
 
 @dataclass
@@ -189,6 +225,12 @@ class ClientSide:
         step's batch; `batch`: the batch, its logits and the labeller's loss of other logits); None: none."""
         return None
 
+    @property
+    def draws_secret_noise(self) -> bool:
+        """Whether the method's client side draws noise nobody may replay (DP-FPL's on its local prompt): the run then
+        has a secret seed (ClientData.secret_seed), drawn at its start and kept in its checkpoints."""
+        return False
+
     def before_step(self, step: LocalStep) -> None:
         """After backward, before the optimizer steps: may change the trained pieces' `.grad` in place."""
 
@@ -222,14 +264,18 @@ class ServerSide:
     # Uploads the server needs only summed over the clients that took part (sufficient statistics): they reach
     # `aggregate` as that sum, added in client-id order and exchanged in chunks of clients (bounded memory per rank).
     summed: ClassVar[tuple[str, ...]] = ()
+    # What `aggregate` reads of the clients' rows beside their mean (`ServerRound.rows`): None, nothing; "own", each
+    # client's own row (the run is refused with a reducer that releases one value: a median, a trimmed mean, central
+    # privacy's noised mean); "released", rows that may all be that one value.
+    reads_rows: ClassVar[Literal["own", "released"] | None] = None
     weighting: str = "selected"  # Method.__init__'s setting
 
     def aggregate(self, round: ServerRound) -> Aggregated:
         """The new global pieces from the round's uploads: the weighted average in client-id order of each
-        shared piece; a piece nobody uploaded keeps its value."""
+        shared piece (`ServerRound.mean`); a piece nobody uploaded keeps its value."""
         shared = {}
         for name, current in round.current.items():
-            average = weighted_average(round.uploads[name], round.weights)
+            average = round.mean(name)
             shared[name] = current if average is None else average
         return Aggregated(shared)
 
@@ -255,12 +301,20 @@ class ServerSide:
         joins now holds before it adapts). None: the method has no global model (no global accuracy)."""
         return GlobalModel({**view.start, **view.shared})
 
+    def personal_means(self) -> tuple[str, ...]:
+        """The personal pieces whose plain mean over the clients the server's model reads (`GlobalView.client_mean`):
+        values the exchange does not release, so a run with privacy on refuses a method that names any."""
+        return ()
+
 
 class Method(ClientSide, ServerSide):
     """A federated method: a client side and a server side, each FedUR's unless overridden."""
 
     key: ClassVar[str] = ""  # the short name runs and tables record ("fedur"); default: the class name, lowercased
     trains: ClassVar[bool] = True  # local SGD on pseudo-labels; False: training-free (no labeller, no tuner)
+    # What it needs of a backbone beyond what its pieces say (fedur/model/towers.py FEATURES; "patch tokens": FedOTP):
+    # fedur/methods/backbones.py checks it against the model before any compute.
+    needs: ClassVar[frozenset[str]] = frozenset()
     # How the method describes itself to tables, configs and resumes (read by fedur/app/tables and fedur/train/run_dir.py):
     label: ClassVar[str] = ""  # its name in tables and figures ("pFedPrompt"); default: the class name
     preset: ClassVar[str | None] = None  # configs/presets/<preset>.yaml: its published settings (the 'own' protocol)
@@ -314,6 +368,20 @@ class Method(ClientSide, ServerSide):
             raise ConfigError(f"{type(self).__name__} trains on pseudo-labels but has no labeller of its own: give one "
                              "(--labeller CLASS), or return one from its default_labeller()")
         return paired
+
+
+def declared_means(method: ServerSide, mean: Callable[[str], Tensor]) -> Callable[[str], Tensor]:
+    """`GlobalView.client_mean` of `method`: `mean` for the personal pieces its `personal_means` names, a PluginError
+    for any other (a server model must say which unreleased values it reads: privacy refuses them)."""
+    allowed = method.personal_means()
+
+    def client_mean(name: str) -> Tensor:
+        if name not in allowed:
+            raise PluginError(f"{type(method).__name__}.global_model asked for the clients' mean of {name!r}, which its "
+                              f"personal_means() does not name ({list(allowed)}): declare it (fedur/methods/base.py)")
+        return mean(name)
+
+    return client_mean
 
 
 def shared_names(method: ClientSide) -> tuple[str, ...]:

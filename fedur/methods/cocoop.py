@@ -4,17 +4,18 @@ each image's frozen, unit-norm CLIP feature to a bias added to every context vec
 prompts, and its logits are CLIP's scale x cos(its feature, its own class features). Cross-entropy only (the
 labeller's loss). The context and the whole Meta-Net are averaged; nothing is personal.
 
-Read from KaiyangZhou/CoOp @ ff61507c790454bce7c5052c3ac39e60772f1f89: trainers/cocoop.py, `PromptLearner`
-L62-161 (ctx from words or N(0, 0.02^2); the Meta-Net L95-99; `ctx.unsqueeze(0) + bias.unsqueeze(1)` L144-161),
+Read from KaiyangZhou/CoOp @ ff61507c790454bce7c5052c3ac39e60772f1f89: trainers/cocoop.py, `PromptLearner` L62-161
+(ctx from words or N(0, 0.02^2); the Meta-Net L95-99; `ctx.unsqueeze(0) + bias.unsqueeze(1)` L144-161),
 `CustomCLIP.forward` L174-194 (the normalised image feature into the Meta-Net; one text-tower pass per image, each
-image against its own class features), configs/trainers/CoCoOp/vit_b16_c4_ep10_batch1_ctxv1.yaml (the preset);
-the federated form from 0-ml/flip @ ec3a848b46f3c7d0030052f0c8a4401767d8c09f: flcore/models/clip/CoCoOp.py L21-40,
+image against its own class features), configs/trainers/CoCoOp/vit_b16_c4_ep10_batch1_ctxv1.yaml (the preset); the
+federated form from 0-ml/flip @ ec3a848b46f3c7d0030052f0c8a4401767d8c09f: flcore/models/clip/CoCoOp.py L21-40,
 flcore/models/text/prompt.py L184-230, flcore/utils.py L347-377 (ctx and every Meta-Net weight uploaded),
 flcore/servers/server_base.py L202-237 (averaged by local data size: the preset's weighting); PMFLT has no CoCoOp.
-docs/sources/cocoop-kgcoop.md is the reading. Where fedur differs: float32 (the original halves the Meta-Net);
-the per-image text passes run as one batched pass of the text tower per chunk of `image_chunk` images (the same
-features); the context starts random unless `ctx_init` names words (FLiP's default; CoCoOp's published run starts
-from "a photo of a", the preset) [guess]. docs/reference-parity.md lists every difference.
+docs/sources/cocoop-kgcoop.md is the reading. Where fedur differs: float32 pieces and SGD, the towers bf16-mixed on
+GPUs with bf16 units under fabric.precision auto (the original halves the Meta-Net to fp16); the per-image text passes
+run as one batched pass of the text tower per chunk of `image_chunk` images (the same features); the context starts
+random unless `ctx_init` names words (FLiP's default; CoCoOp's published run starts from "a photo of a", the preset)
+[guess]. docs/reference-parity.md lists every difference.
 """
 
 from __future__ import annotations

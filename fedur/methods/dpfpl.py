@@ -50,7 +50,7 @@ from fedur.model.precision import full_precision
 if TYPE_CHECKING:  # annotations only: the methods import without open_clip (fedur-tables reads their attributes)
     from fedur.model.classifier import PromptedCLIP
 
-SEED, ROUND = "noise_seed", "round"  # client.extra: run.seed (after_refresh) and the round it trains (download)
+SEED, ROUND = "noise_seed", "round"  # client.extra: its streams' seed (after_refresh) and the round it trains (download)
 
 
 class DPFPL(Method):
@@ -99,10 +99,18 @@ class DPFPL(Method):
         """The global prompt alone, the local prompt at zero [guess: the original tests personal models only]."""
         return GlobalModel({**view.shared, "local_ctx": torch.zeros_like(view.start["local_ctx"])})
 
+    @property
+    def draws_secret_noise(self) -> bool:
+        return self.local_noise > 0
+
     def after_refresh(self, client: ClientState, data: ClientData) -> None:
-        """Keep run.seed with the client: its steps' streams derive from it (every client, also a new one, is
-        pseudo-labelled before it trains)."""
-        client.extra = {**client.extra, SEED: torch.tensor(data.model.seed, device="cpu")}
+        """Keep the seed of its steps' streams with the client (every client, also a new one, is pseudo-labelled before
+        it trains): the run's secret seed where it noises (nobody with config.yaml can replay the noise), else
+        run.seed (its test matrices only)."""
+        seed = data.secret_seed if self.draws_secret_noise else data.model.seed
+        if seed is None:
+            raise PluginError("DPFPL.after_refresh: local_noise > 0 and the run has no secret seed")  # internal: fit draws one
+        client.extra = {**client.extra, SEED: torch.tensor(seed, device="cpu")}
 
     def aggregate(self, round: ServerRound) -> Aggregated:
         """FedAvg of the global prompt; the server's state counts the rounds done (each client's next round)."""
@@ -110,7 +118,8 @@ class DPFPL(Method):
 
     def download(self, client: ClientState, shared: dict[str, Tensor], state: dict[str, Tensor]) -> None:
         super().download(client, shared, state)
-        client.extra = {**client.extra, ROUND: state[ROUND]}
+        if ROUND in state:  # (a round that kept the global state before any aggregation has none)
+            client.extra = {**client.extra, ROUND: state[ROUND]}
 
     def before_step(self, step: LocalStep) -> None:
         """The local prompt's gradient rebuilt from its factors' (clipped and noised where local_noise > 0), every draw
@@ -120,8 +129,7 @@ class DPFPL(Method):
         extra = step.client.extra
         if SEED not in extra:
             raise PluginError("DPFPL.before_step: the client holds no run seed; its after_refresh keeps it")
-        round_idx = int(extra[ROUND]) if ROUND in extra else 0  # device-to-host sync, once per step
-        generator = step_generator(int(extra[SEED]), step.client.client_id, round_idx, step.step)
+        generator = step_generator(int(extra[SEED]), step.client.client_id, step.round_idx, step.step)
         prompt = step.pieces["local_ctx"]
         n_ctx, width = prompt.shape
         rank = min(self.rank, n_ctx)

@@ -23,7 +23,8 @@ is the reading. FLiP has no FedPHA.
 Where fedur differs, deliberately: heterogeneous local prompt lengths (GL_SVDMSE_HE) are not implemented (one
 model.n_ctx for every context; the released HE code reads its EOT feature past the real one); each client has its own
 SGD (the released code's is shared but zeroes its momentum after every client: the same as fedur's reset); float32
-(fp16 there). docs/reference-parity.md lists every difference.
+pieces and SGD, the towers bf16-mixed on GPUs with bf16 units under fabric.precision auto (fp16 there).
+docs/reference-parity.md lists every difference.
 """
 
 from __future__ import annotations

@@ -52,6 +52,14 @@ class FedUR(Method):
         return GlobalModel(pieces, text=model.zero_shot_text)  # the template's class features, CLIP's own
 
 
+    def personal_means(self) -> tuple[str, ...]:
+        """A personal visual prompt (share 'text' or 'none') is the clients' mean in the server's model, and so is a
+        personal text context with global_text 'mean'."""
+        shared = {name for name, piece in self.pieces().items() if piece.shared}
+        means = () if "visual" in shared else ("visual",)
+        return means + (("text_ctx",) if "text_ctx" not in shared and self.global_text == "mean" else ())
+
+
 class FedCoPL(FedUR):
     """FedCoPL (FedUR's predecessor): FedUR's prompts with the CoPL labeller (no class weights, no negatives)."""
 

@@ -127,7 +127,7 @@ class GDAU(Method):
         client-id order), kept in the server state for every client to download."""
         if not bool(round.participants.any()):
             return Aggregated(round.current)
-        total = GDAStats(*(round.uploads[name] for name in GDAStats._fields))  # summed in client-id order (Method.summed)
+        total = GDAStats(*(round.total(name) for name in GDAStats._fields))  # summed in client-id order (Method.summed)
         W, b = gda_classifier(total, precision_scale=self.precision_scale, prior=self.prior)
         return Aggregated(round.current, {**round.state, "W": W, "b": b})
 

@@ -10,15 +10,18 @@ t_c the learned class features, t0_c CLIP's features of the hand-crafted prompt,
 Read from htyao89/KgCoOp @ c43ccc32c8739f64b165cfa205fcc6c0f5bb5b17: KgCoOp/trainers/kgcoop.py, `PromptLearner`
 L82-193 (ctx from "a photo of a" or N(0, 0.02^2); the hand-crafted features of one template per dataset,
 `CUSTOM_TEMPLATES` L37-54, encoded once and normalised, L131-146), `CustomCLIP.forward` L223-243 (the score),
-`forward_backward` L297-322 (CE + W * score; W 8.0 in every script, scripts/base2new_train.sh); the federated form
-from 0-ml/flip @ ec3a848b46f3c7d0030052f0c8a4401767d8c09f: flcore/models/clip/KgCoOp.py L25-61 (the same score as
-an added loss), flcore/utils.py L347-377 and flcore/servers/server_base.py L202-237 (the context averaged by local
-data size), and Yuqin-G/PMFLT @ 7c433a25012132ee66e10ad2993c823ae61aff6c (model/custom_coop.py L130-233, its "coop"
-with W 8; federated/server_fedtpg.py L74-122, the context averaged by local data size). docs/sources/cocoop-kgcoop.md
-is the reading. Where fedur differs: float32 (the original's CLIP is fp16); the hand-crafted prompt is the run's
-zero-shot template unless `template` names one (KgCoOp keys one per dataset, CUSTOM_TEMPLATES) [guess]; the context
-starts random unless `ctx_init` names words (FLiP's and PMFLT's default; KgCoOp's published run: "a photo of a",
-the preset) [guess]. docs/reference-parity.md lists every difference.
+`forward_backward` L297-322 (CE + W * score; W 8.0 in every run: scripts/run.sh L2-11 passes it to
+scripts/base2new_train.sh, which reads W as $2 at L8, and scripts/xd_train.sh L8 sets it; its code's default is 1.0,
+train.py L97); the federated form from 0-ml/flip @ ec3a848b46f3c7d0030052f0c8a4401767d8c09f:
+flcore/models/clip/KgCoOp.py L25-61 (the same score as an added loss), flcore/utils.py L347-377 and
+flcore/servers/server_base.py L202-237 (the context averaged by local data size), and Yuqin-G/PMFLT @
+7c433a25012132ee66e10ad2993c823ae61aff6c (model/custom_coop.py L130-233, its "coop" with W 8;
+federated/server_fedtpg.py L74-122, the context averaged by local data size). docs/sources/cocoop-kgcoop.md is the
+reading. Where fedur differs: float32 pieces and SGD, the towers bf16-mixed on GPUs with bf16 units under
+fabric.precision auto (the original's CLIP is fp16); the hand-crafted prompt is the run's zero-shot template unless
+`template` names one (KgCoOp keys one per dataset, CUSTOM_TEMPLATES) [guess]; the context starts random unless
+`ctx_init` names words (FLiP's and PMFLT's default; KgCoOp's published run: "a photo of a", the preset) [guess].
+docs/reference-parity.md lists every difference.
 """
 
 from __future__ import annotations

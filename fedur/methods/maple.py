@@ -11,15 +11,16 @@ L103-104; `compound_prompts_text` N(0, 0.02^2), L111-114; `compound_prompt_proje
 L116-117 and `_get_clones` L207-208; the class prompts "a photo of a {name}." with the context in place of the first
 n_ctx words, so that "of a" stays fixed at n_ctx 2: model.ctx_suffix), `CustomCLIP.forward` L179-204; clip/model.py
 `ResidualAttentionBlock_MaPLe` L259-331 (the replacements) and `VisionTransformer_MaPLe` L425-476 (the first visual
-prompt before ln_pre, the prompts' outputs never dropped); configs/trainers/MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml
-(the preset). The federated form from 0-ml/flip @ ec3a848b46f3c7d0030052f0c8a4401767d8c09f (flcore/models/clip/
-MaPLe.py L12-56, flcore/models/text/prompt.py L971-1039: every prompt and projection uploaded and averaged by local
-data size, flcore/servers/server_base.py L202-237) and weihao-bo/FedMGP @ 3a026970df7bf409a29c342ed4d1635882c79f99
+prompt before ln_pre, the prompts' outputs never dropped); configs/trainers/MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml (the
+preset). The federated form from 0-ml/flip @ ec3a848b46f3c7d0030052f0c8a4401767d8c09f (flcore/models/clip/MaPLe.py
+L12-56, flcore/models/text/prompt.py L971-1039: every prompt and projection uploaded and averaged by local data size,
+flcore/servers/server_base.py L202-237) and weihao-bo/FedMGP @ 3a026970df7bf409a29c342ed4d1635882c79f99
 (federated_core/trainers/fedmaple_learner.py L24-45: the same); PMFLT has no MaPLe. docs/sources/maple-promptsrc.md is
-the reading. Where fedur differs: float32 (the original's CLIP, context and first projection are fp16); the widths
-are the backbone's (the code hard-codes ViT-B's 512 and 768); the depth defaults to MaPLe's 9 capped at the shallower
-tower (fedur's small CPU models); the prompts' draws are one build under the run's seed, the context's apart.
-docs/reference-parity.md lists every difference.
+the reading. Where fedur differs: float32 pieces and SGD, the towers bf16-mixed on GPUs with bf16 units under
+fabric.precision auto (the original's CLIP, context and first projection are fp16); the widths are the backbone's (the
+code hard-codes ViT-B's 512 and 768); the depth defaults to MaPLe's 9 capped at the shallower tower (fedur's small CPU
+models); the prompts' draws are one build under the run's seed, the context's apart. docs/reference-parity.md lists
+every difference.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class FedMaPLe(Method):
 
     label = "FedMaPLe"
     preset = "fedmaple"
+    needs = frozenset({"visual prompts"})  # its vision prompts are projections of the text prompts, not a piece
 
     def __init__(self, depth: PositiveInt | None = None, ctx_init: str | None = None, clone_projections: bool = True,
                  **kwargs) -> None:
@@ -86,17 +88,17 @@ def vision_prompts(model: PromptedCLIP, pieces: dict[str, Tensor]) -> Tensor:
     projection."""
     first = pieces["text_ctx"] @ pieces["proj_w"].t() + pieces["proj_b"]  # (n_ctx, d_v)
     deeper = torch.einsum("jnt,jvt->jnv", pieces["deep_text"], pieces["deep_proj_w"]) + pieces["deep_proj_b"].unsqueeze(1)
-    return torch.cat([model.clip.visual.ln_pre(first).unsqueeze(0), deeper])  # (J, n_ctx, d_v)
+    return torch.cat([model.vision_pre_norm(first).unsqueeze(0), deeper])  # (J, n_ctx, d_v)
 
 
 def prompt_depth(model: PromptedCLIP, depth: int | None) -> int:
     """J: `depth`, checked against both towers; None: 9 capped at the shallower tower's blocks."""
-    blocks = min(model.text_depth, len(model.clip.visual.transformer.resblocks))
+    blocks = min(model.text_depth, model.vision_depth)
     if depth is None:
         return min(9, blocks)
     if depth > blocks:
         raise ConfigError(f"FedMaPLe: --method.depth {depth} is deeper than this backbone's towers ({model.text_depth} text "
-                          f"and {len(model.clip.visual.transformer.resblocks)} vision blocks)")
+                          f"and {model.vision_depth} vision blocks)")
     return depth
 
 

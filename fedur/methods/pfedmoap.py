@@ -23,17 +23,17 @@ its server model (`forward_global`: CoOp with the averaged prompt) is the global
 pfedmoap-fedpha.md is the reading. FLiP has no pFedMoAP.
 
 Where fedur differs, deliberately: the experts are the other trained clients' prompts nearest the client's by
-Frobenius distance (`selection` 'nearest', the paper's KNN and its script's flag) [guess: the released code runs
-its 'random' fixed order, the flag never reaching it; both give every other trained client when the federation has
-at most num_experts clients]; they are the bank's at the end of the previous round (the released loop may hand a
-client a prompt trained earlier in the same round); each client's gate starts from one init (the released loop's
-first-round gates are inherited from the client before); each client has its own SGD and schedule, the gate's rate
-`gate_lr_ratio` x the prompt's under the same schedule (the released gate's is constant) [guess]; float32 (fp16 there).
-A client is tested (and pseudo-labels) after the round's download, as every fedur method: with its own last prompt,
-its gate and the experts it will train with next round (the released loop tests a client that trained right after
-training, with the experts it trained with; one that sat out with fresh ones, as here). Without an expert the logits
-are the local ones alone, and the gate's gradient is zero (weight decay still acts on it; the released gate is not in
-the graph then).
+Frobenius distance (`selection` 'nearest', the paper's KNN and its script's flag) [guess: the released code runs its
+'random' fixed order, the flag never reaching it; both give every other trained client when the federation has at most
+num_experts clients]; they are the bank's at the end of the previous round (the released loop may hand a client a
+prompt trained earlier in the same round); each client's gate starts from one init (the released loop's first-round
+gates are inherited from the client before); each client has its own SGD and schedule, the gate's rate `gate_lr_ratio`
+x the prompt's under the same schedule (the released gate's is constant) [guess]; float32 pieces and SGD, the towers
+bf16-mixed on GPUs with bf16 units under fabric.precision auto (fp16 there, the gate too). A client is tested (and
+pseudo-labels) after the round's download, as every fedur method: with its own last prompt, its gate and the experts
+it will train with next round (the released loop tests a client that trained right after training, with the experts it
+trained with; one that sat out with fresh ones, as here). Without an expert the logits are the local ones alone, and
+the gate's gradient is zero (weight decay still acts on it; the released gate is not in the graph then).
 docs/reference-parity.md lists every difference.
 """
 
@@ -68,6 +68,7 @@ class PFedMoAP(Method):
 
     label = "pFedMoAP"
     preset = "pfedmoap"
+    reads_rows = "own"  # each client's own prompt goes into the bank of experts
 
     def __init__(self, num_experts: PositiveInt = 10, lam: NonNegativeFloat = 0.5, scaling: PositiveFloat = 10.0,
                  gate_dim: PositiveInt | None = None, gate_heads: PositiveInt = 8, gate_lr_ratio: PositiveFloat = 5.0,
@@ -113,7 +114,7 @@ class PFedMoAP(Method):
     def aggregate(self, round: ServerRound) -> Aggregated:
         """The prompts' weighted average; each participant's prompt into the bank; every trained client's experts."""
         shared = super().aggregate(round).shared
-        prompts, joined = round.uploads["text_ctx"], round.participants  # (K, n_ctx, width), (K,)
+        prompts, joined = round.rows("text_ctx"), round.participants  # (K, n_ctx, width), (K,)
         bank = round.state.get(BANK, torch.zeros_like(prompts))
         bank = torch.where(joined.view(-1, 1, 1), prompts.to(bank.dtype), bank)
         trained = round.state.get(TRAINED, torch.zeros(len(joined), dtype=torch.bool, device="cpu")) | joined

@@ -19,15 +19,16 @@ The federated form from 0-ml/flip @ ec3a848b46f3c7d0030052f0c8a4401767d8c09f: fl
 L14-111 (the same losses, weights 25 and 10; GPA run by the server over rounds after FedAvg), the prompts averaged by
 local data size (flcore/servers/server_base.py L202-237). docs/sources/maple-promptsrc.md is the reading.
 
-Where fedur differs, deliberately: FLiP's port has neither deep nor visual prompts (its `Transformer` builds none)
-and feeds its GPA's unnormalised partial sum back to the clients as the global prompt; here the prompts are
-PromptSRC's own, every one averaged [guess: FLiP shares its whole prompt learner], and GPA is the server's: after
-each round's average it adds the global prompts with weight pdf(r; gpa_mean R, gpa_std R) and the server's model
-(the global protocols) is that running average normalised by its weights, never fed back, PromptSRC's epochs read as
-rounds [guess: 15 and 1 of its 20 epochs: 0.75 and 0.05 of the rounds]; the clients' own models (the personal
-protocol) are the averaged prompts. The frozen image features f0 are of the same batch, as the original's (fedur's
-training images are not augmented). float32 (the original's CLIP and context are fp16); the teacher's templates are
-open_clip's first 60 of OpenAI's 80, PromptSRC's list. docs/reference-parity.md lists every difference.
+Where fedur differs, deliberately: FLiP's port has neither deep nor visual prompts (its `Transformer` builds none) and
+feeds its GPA's unnormalised partial sum back to the clients as the global prompt; here the prompts are PromptSRC's
+own, every one averaged [guess: FLiP shares its whole prompt learner], and GPA is the server's: after each round's
+average it adds the global prompts with weight pdf(r; gpa_mean R, gpa_std R) and the server's model (the global
+protocols) is that running average normalised by its weights, never fed back, PromptSRC's epochs read as rounds
+[guess: 15 and 1 of its 20 epochs: 0.75 and 0.05 of the rounds]; the clients' own models (the personal protocol) are
+the averaged prompts. The frozen image features f0 are of the same batch, as the original's (fedur's training images
+are not augmented). float32 pieces and SGD, the towers bf16-mixed on GPUs with bf16 units under fabric.precision auto
+(the original's CLIP and context are fp16); the teacher's templates are open_clip's first 60 of OpenAI's 80,
+PromptSRC's list. docs/reference-parity.md lists every difference.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class FedPromptSRC(Method):
         image features stay on `text` for the penalty."""
         visual = pieces.get("visual")
         if visual is not None and visual.numel():
-            visual = torch.cat([model.clip.visual.ln_pre(visual[:1]), visual[1:]])  # the first through ln_pre, as theirs
+            visual = torch.cat([model.vision_pre_norm(visual[:1]), visual[1:]])  # the first through ln_pre, as theirs
         features = model.image_features(images, visual=visual, persist=True)
         if model.training:
             text.image = features
@@ -130,7 +131,7 @@ class FedPromptSRC(Method):
         with full_precision(device):
             loss = self.text_weight * F.l1_loss(text.features.float(), teacher)
             loss = loss + self.image_weight * F.l1_loss(text.image.float(), frozen)
-            zero_shot = model.logit_scale.float() * frozen @ teacher.t()  # (B, C)
+            zero_shot = model.biased(model.logit_scale.float() * frozen @ teacher.t())  # (B, C)
             kl = F.kl_div(F.log_softmax(batch.logits.float(), dim=1), F.log_softmax(zero_shot, dim=1), reduction="sum",
                           log_target=True)
             return loss + kl / batch.logits.numel()  # the KL's weight: the code's 1
@@ -164,7 +165,7 @@ def gaussian(x: float, mean: float, std: float) -> float:
 
 def prompt_depth(model: PromptedCLIP, depth: int | None, tower: str) -> int:
     """J_t or J_v: `depth`, checked against the `tower` ("text" or "vision"); None: 9 capped at its blocks."""
-    blocks = model.text_depth if tower == "text" else len(model.clip.visual.transformer.resblocks)
+    blocks = model.text_depth if tower == "text" else model.vision_depth
     if depth is None:
         return min(9, blocks)
     if depth > blocks:

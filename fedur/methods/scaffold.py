@@ -85,7 +85,7 @@ class SCAFFOLD(FedUR):
         for name, current in round.current.items():
             shared[name] = current + self.server_lr * (average[name] - current)
             control = state.get(f"c_{name}", torch.zeros_like(current))
-            state[f"c_{name}"] = control + round.uploads[f"dc_{name}"].sum(dim=0) / round.federation  # rows: 0 for absentees
+            state[f"c_{name}"] = control + round.total(f"dc_{name}") / round.federation  # rows: 0 for absentees
             metrics[f"control_norm_{name}"] = float(state[f"c_{name}"].norm())
         if round.training is not None:
             state[MEMBERS] = round.training.clone()

@@ -1,19 +1,25 @@
-"""The privacy accountant: every release of a run as a dp-accounting event, composed by its RDP accountant
-(Mironov 2017; dp-accounting, Google's differential privacy library), and epsilon at a delta read from it.
+"""The privacy accountant: every release of a run as a dp-accounting event, composed by its RDP accountant (Mironov
+2017) or its PLD accountant (privacy loss distributions; privacy.accountant), and epsilon at a delta read from it.
 
-What a round releases (fedur/privacy/releases.py):
+What a round releases (fedur/channel/noise.py, fedur/privacy/releases.py):
 - the shared pieces (with the messages): a Gaussian mechanism of multiplier z on the sum of updates clipped to C.
   privacy.sampling fixed draws m of the federation's N clients without replacement: a
   SampledWithoutReplacementDpEvent(N, m, .) under the REPLACE_ONE relation (neighbouring federations differ in one
-  client's data), where the sum's L2 sensitivity is 2C, so the event's multiplier is z / 2; all N taking part is the
-  plain Gaussian event of z / 2. privacy.sampling poisson: a PoissonSampledDpEvent(q, Gaussian(z)) under
-  ADD_OR_REMOVE_ONE (sensitivity C).
-- each refresh's histograms (every member releases; no sampling): one Gaussian event of multiplier z_h / 2
-  (REPLACE_ONE) or z_h (ADD_OR_REMOVE_ONE) per histogram, one or two of them (the cooperative estimates, and the
-  selected counts).
-Local privacy accounts each client alone: its own releases, the Gaussian mechanism of z / 2 on its update each round
-it takes part and z_h / 2 per histogram at each refresh (any two datasets of the client: sensitivity 2C), with no
+  client's data), where the sum's L2 sensitivity is 2C; all N taking part is the plain Gaussian event.
+  privacy.sampling poisson: a PoissonSampledDpEvent(q, Gaussian) under ADD_OR_REMOVE_ONE (sensitivity C).
+- each refresh's histograms (every member releases; no sampling): one Gaussian event per histogram, one or two of them
+  (the cooperative estimates, and the selected counts). A histogram is non-negative, so replacing one clipped to L2
+  norm B by another moves the sum by at most sqrt(2) B (|h - h'|^2 = |h|^2 + |h'|^2 - 2 <h, h'> with <h, h'> >= 0),
+  not 2B; adding or removing one moves it by B.
+Local privacy accounts each client alone: its own releases, the Gaussian mechanism on its update each round it takes
+part (any two datasets of the client: sensitivity 2C) and on its histograms at each refresh (sqrt(2) B), with no
 amplification (the server knows who took part).
+
+How the library reads a Gaussian event's multiplier (`scaled`): its RDP accountant against sensitivity 1 under either
+relation, so fedur passes z divided by the sensitivity in units of C (2, or sqrt(2) for a histogram); its PLD
+accountant doubles the sensitivity itself under REPLACE_ONE (google/differential-privacy issue 378), so fedur passes z
+times 2 over it. dp-accounting's PLD has no event for sampling without replacement: a PLD run samples all clients, or
+Poissonly.
 
 Every event of a run is the same at each round, so the accountant's state is a few counts (`Ledger`): a resume
 composes the same events again and reads the same epsilon.
@@ -29,6 +35,7 @@ from functools import lru_cache
 from fedur.errors import ConfigError
 
 REPLACE_ONE_SENSITIVITY = 2.0  # a sum of vectors clipped to C moves by up to 2C when one of them is replaced
+HISTOGRAM_SENSITIVITY = math.sqrt(2.0)  # a sum of non-negative histograms clipped to B: by up to sqrt(2) B
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class Releases:
     rate: float  # q: the join rate (Poisson sampling)
     sampling: str  # "fixed" | "poisson"
     local: bool  # each client accounted alone (privacy.mode local)
+    accountant: str = "rdp"  # privacy.accountant: "rdp" | "pld" (dp-accounting's)
 
 
 @dataclass
@@ -84,10 +92,11 @@ def epsilon(releases: Releases, rounds: int, refreshes: int, delta: float) -> fl
 
 @lru_cache(maxsize=4096)
 def _epsilon(releases: Releases, rounds: int, refreshes: int, delta: float) -> float:
-    from dp_accounting import rdp
+    from dp_accounting import pld, rdp
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # its RDP series warns of orders it leaves out, at low orders
-    accountant = rdp.RdpAccountant(neighboring_relation=relation(releases))
+    kind = pld.PLDAccountant if releases.accountant == "pld" else rdp.RdpAccountant
+    accountant = kind(neighboring_relation=relation(releases))
     for event, count in events(releases, rounds, refreshes):
         accountant.compose(event, count)
     value = accountant.get_epsilon(delta)
@@ -104,15 +113,22 @@ def relation(releases: Releases):
     return NeighboringRelation.REPLACE_ONE
 
 
+def scaled(z: float, sensitivity: float, releases: Releases) -> float:
+    """The multiplier to hand the library's Gaussian event for noise z (in units of the clip) on a sum whose sensitivity
+    under the run's relation is `sensitivity` clips (the module's docstring)."""
+    if releases.accountant == "pld" and (releases.local or releases.sampling != "poisson"):  # REPLACE_ONE: it doubles
+        return z * REPLACE_ONE_SENSITIVITY / sensitivity
+    return z / sensitivity
+
+
 def events(releases: Releases, rounds: int, refreshes: int) -> list[tuple[object, int]]:
     """[(dp-accounting event, count)] of `rounds` update releases and `refreshes` histogram releases."""
     from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SampledWithoutReplacementDpEvent
 
     poisson = releases.sampling == "poisson" and not releases.local
-    scale = 1.0 if poisson else REPLACE_ONE_SENSITIVITY
     out = []
     if rounds and releases.pieces is not None:
-        gaussian = GaussianDpEvent(releases.pieces / scale)
+        gaussian = GaussianDpEvent(scaled(releases.pieces, 1.0 if poisson else REPLACE_ONE_SENSITIVITY, releases))
         if releases.local or (not poisson and releases.sampled >= releases.clients) or (poisson and releases.rate >= 1):
             out.append((gaussian, rounds))
         elif poisson:
@@ -120,7 +136,8 @@ def events(releases: Releases, rounds: int, refreshes: int) -> list[tuple[object
         else:
             out.append((SampledWithoutReplacementDpEvent(releases.clients, releases.sampled, gaussian), rounds))
     if refreshes and releases.histograms_per_refresh:
-        out.append((GaussianDpEvent(releases.histograms / scale), refreshes * releases.histograms_per_refresh))
+        histogram = GaussianDpEvent(scaled(releases.histograms, 1.0 if poisson else HISTOGRAM_SENSITIVITY, releases))
+        out.append((histogram, refreshes * releases.histograms_per_refresh))
     return out
 
 

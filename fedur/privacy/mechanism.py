@@ -24,7 +24,7 @@ from fedur.errors import ConfigError
 def flatten(parts: dict[str, Tensor]) -> Tensor:
     """(D,) float64: the tensors of `parts` flattened and concatenated in their order."""
     if not parts:
-        return torch.zeros(0, dtype=torch.float64)
+        return torch.zeros(0, dtype=torch.float64, device="cpu")
     return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in parts.values()])
 
 
@@ -48,8 +48,8 @@ def clip(vector: Tensor, bound: float) -> tuple[Tensor, float]:
 def gaussian(shape: tuple[int, ...] | torch.Size, std: float, generator: torch.Generator) -> Tensor:
     """float64 N(0, std^2) noise of `shape` from `generator` (zeros for std 0, drawing nothing)."""
     if std == 0:
-        return torch.zeros(shape, dtype=torch.float64)
-    return torch.randn(shape, generator=generator, dtype=torch.float64) * std
+        return torch.zeros(shape, dtype=torch.float64, device="cpu")
+    return torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu") * std
 
 
 def update_noise(noise_multiplier: float, count_std: float) -> float:

@@ -21,6 +21,7 @@ import fedur.privacy.accountant as accountant
 import fedur.privacy.mechanism as mechanism
 from fedur.errors import ConfigError
 from fedur.federated import streams
+from fedur.labels.base import weighs_classes
 from fedur.methods.base import shared_names
 from fedur.privacy.accountant import Ledger, Releases
 
@@ -46,6 +47,7 @@ class Privacy:
     clip_lr: float = 0.2
     count_std: float = 1.0
     cooperative: bool = False  # the labeller releases its estimates at each refresh
+    bound_given: bool = True  # privacy.histogram_bound given (else read from the clients' sizes)
     ledger: Ledger = field(init=False)
     stopped_before: int | None = None  # the round (from 1) the run stopped before, at privacy.target_epsilon
 
@@ -80,8 +82,7 @@ class Privacy:
                  for name, t in upload.items()}
         vector, norm = mechanism.clip(mechanism.flatten(delta), self.clip_norm)
         if self.local:
-            generator = streams.noise_generator(self.seed, streams.NOISE_PIECES, round_idx, client_id)
-            vector = vector + mechanism.gaussian(vector.shape, self.noise_multiplier * self.clip_norm, generator)
+            vector = self.release_client_update(vector, client_id, round_idx)
         return mechanism.unflatten(vector, {name: t.double() for name, t in delta.items()}), norm <= self.clip_norm
 
     def server_uploads(self, updates: dict[str, Tensor], downloaded: dict[str, Tensor], like: dict[str, Tensor],
@@ -99,10 +100,8 @@ class Privacy:
                 rows[name] = torch.where(_rows(took_part, update), base + update, torch.zeros_like(update)).to(like[name].dtype)
             return rows
         denominator = self.releases.rate * self.releases.clients if self.releases.sampling == "poisson" else drawn
-        z = self.update_multiplier()
-        generator = streams.noise_generator(self.seed, streams.NOISE_PIECES, round_idx)
         total = mechanism.flatten({name: u[took_part].sum(dim=0) for name, u in updates.items()})
-        noised = (total + mechanism.gaussian(total.shape, z * self.clip_norm, generator)) / max(denominator, 1e-12)
+        noised = self.release_update(total, round_idx) / max(denominator, 1e-12)
         mean = mechanism.unflatten(noised, {name: u[0] for name, u in updates.items()})
         for name, update in updates.items():
             value = (downloaded[name].double() + mean[name]) if name in downloaded else mean[name]
@@ -116,9 +115,8 @@ class Privacy:
         return mechanism.update_noise(self.noise_multiplier, self.count_std) if self.adaptive else self.noise_multiplier
 
     def next_clip(self, within: Tensor, denominator: float, round_idx: int) -> float:
-        generator = streams.noise_generator(self.seed, streams.NOISE_CLIP_COUNT, round_idx)
         # centred (each client's b - 1/2: sensitivity 1/2 under add/remove, as Andrew et al.'s split assumes)
-        count = float((within.double() - 0.5).sum()) + float(mechanism.gaussian((1,), self.count_std, generator)[0])
+        count = self.release_count(float((within.double() - 0.5).sum()), round_idx)
         return mechanism.next_clip(self.clip_norm, count / max(denominator, 1e-12) + 0.5, self.target_quantile, self.clip_lr)
 
     # -- the histograms of a refresh -----------------------------------------------------------------------------
@@ -126,18 +124,42 @@ class Privacy:
     def histogram(self, counts: Tensor, client_id: int, refresh_idx: int, what: int) -> Tensor:
         """(C,) float64: what leaves a client's rank of its histogram `counts` (what: streams.NOISE_ESTIMATES or
         NOISE_SELECTED): clipped to the bound, with its own noise in local mode."""
-        std = self.releases.histograms * self.histogram_bound if self.local else 0.0
-        return mechanism.noised_counts(counts, self.histogram_bound, std,
-                                       streams.noise_generator(self.seed, what, refresh_idx, client_id))
+        clipped, _ = mechanism.clip(counts.to(torch.float64), self.histogram_bound)
+        return self.release_client_histogram(clipped, client_id, refresh_idx, what) if self.local else clipped
 
     def totals(self, released: Tensor, members: Tensor, refresh_idx: int, what: int) -> Tensor:
         """(C,) int64: the released sum over the `members` of their gathered histograms ((K, C) float64): their sum
         (local: each already noised) or the sum plus the server's N(0, (z_h B)^2) (central)."""
         total = released[members].sum(dim=0)
-        if not self.local:
-            generator = streams.noise_generator(self.seed, what, refresh_idx)
-            total = total + mechanism.gaussian(total.shape, self.releases.histograms * self.histogram_bound, generator)
-        return mechanism.released_counts(total)
+        return mechanism.released_counts(total if self.local else self.release_histogram(total, refresh_idx, what))
+
+    # -- the mechanism: every draw of noise on what a client's data gives, and nothing else ----------------------
+
+    def release_update(self, total: Tensor, round_idx: int) -> Tensor:
+        """Central: the sum of the clipped updates (D,) plus the server's N(0, (z C)^2) (z: the update's share under
+        adaptive clipping)."""
+        generator = streams.noise_generator(self.seed, streams.NOISE_PIECES, round_idx)
+        return total + mechanism.gaussian(total.shape, self.update_multiplier() * self.clip_norm, generator)
+
+    def release_client_update(self, vector: Tensor, client_id: int, round_idx: int) -> Tensor:
+        """Local: a client's clipped update (D,) plus its own N(0, (z C)^2)."""
+        generator = streams.noise_generator(self.seed, streams.NOISE_PIECES, round_idx, client_id)
+        return vector + mechanism.gaussian(vector.shape, self.noise_multiplier * self.clip_norm, generator)
+
+    def release_count(self, count: float, round_idx: int) -> float:
+        """Adaptive clipping: the centred count of updates within C plus N(0, count_std^2)."""
+        generator = streams.noise_generator(self.seed, streams.NOISE_CLIP_COUNT, round_idx)
+        return count + float(mechanism.gaussian((1,), self.count_std, generator)[0])
+
+    def release_histogram(self, total: Tensor, refresh_idx: int, what: int) -> Tensor:
+        """Central: the sum (C,) of the clipped histograms plus the server's N(0, (z_h B)^2)."""
+        generator = streams.noise_generator(self.seed, what, refresh_idx)
+        return total + mechanism.gaussian(total.shape, self.releases.histograms * self.histogram_bound, generator)
+
+    def release_client_histogram(self, clipped: Tensor, client_id: int, refresh_idx: int, what: int) -> Tensor:
+        """Local: a client's clipped histogram (C,) plus its own N(0, (z_h B)^2)."""
+        generator = streams.noise_generator(self.seed, what, refresh_idx, client_id)
+        return clipped + mechanism.gaussian(clipped.shape, self.releases.histograms * self.histogram_bound, generator)
 
     # -- the accountant ------------------------------------------------------------------------------------------
 
@@ -151,6 +173,18 @@ class Privacy:
         else:
             self.ledger.rounds[0] += int(self.releases.pieces is not None)
             self.ledger.refreshes[0] += int(refreshed)
+
+    def stop_before(self, round_idx: int, rounds: int, refreshes: bool) -> str | None:
+        """The line that stops the run before round `round_idx` (from 0) whose releases (`refreshes`: a refresh's too)
+        would take epsilon past the target (the checkpoint stays the last round's; summary.json says so); None: none."""
+        if self.target_epsilon is None:
+            return None
+        after = self.epsilon_after(refreshes=refreshes)
+        if after <= self.target_epsilon:
+            return None
+        self.stopped_before = round_idx + 1
+        return (f"stopped before round {round_idx + 1} of {rounds}: its releases would take epsilon from "
+                f"{self.epsilon():.3f} to {after:.3f}, past privacy.target_epsilon={self.target_epsilon:g} (delta {self.delta:g})")
 
     def epsilons(self) -> list[float]:
         """epsilon at delta so far: [the federation's] (central) or each client's (local)."""
@@ -180,22 +214,26 @@ class Privacy:
                 "noise_multiplier": self.noise_multiplier, "histogram_noise": self.releases.histograms,
                 "clip": self.clip_norm, "target_epsilon": self.target_epsilon,
                 "stopped_at_target": self.stopped_before is not None, "stopped_before_round": self.stopped_before,
-                "accountant": "RDP (dp-accounting)", "sampling": self.releases.sampling}
+                "accountant": f"{self.releases.accountant.upper()} (dp-accounting)", "sampling": self.releases.sampling}
 
     def describe(self) -> str:
-        """The line a run with privacy starts with: the trust model and what is released."""
+        """The line a run with privacy starts with: the trust model, what is released, and what is not covered."""
         r = self.releases
         who = ("central: the ranks are trusted; each round the noised mean of the clipped updates is released"
                if not self.local else "local: each client's upload carries its own noise before it leaves its rank; "
-               "each client is accounted alone")
+               "each client is accounted alone (its quotas from its own estimate and the others' noised ones)")
         sampling = (f"{r.sampled} of {r.clients} clients drawn without replacement" if r.sampling == "fixed"
                     else f"Poisson sampling at rate {r.rate:g}")
+        hidden = "" if self.local or r.sampled >= r.clients and r.sampling == "fixed" else \
+            " from the secret seed (what the clients receive does not show who took part; the sampling discount)"
         clip = f"C {self.clip_norm:g}" + (f" adaptive (quantile {self.target_quantile:g})" if self.adaptive else "")
-        hist = (f"; {r.histograms_per_refresh} histogram(s) per refresh, bound {self.histogram_bound:g}, z_h "
-                f"{r.histograms:g}" if r.histograms_per_refresh else "")
+        bound = f"bound {self.histogram_bound:g}" + ("" if self.bound_given else " (the largest client's images: sizes taken as public)")
+        hist = (f"; {r.histograms_per_refresh} histogram(s) per refresh, {bound}, z_h {r.histograms:g}"
+                if r.histograms_per_refresh else "")
         target = "" if self.target_epsilon is None else f"; stops before epsilon would pass {self.target_epsilon:g}"
-        return (f"privacy {who}; z {self.noise_multiplier:g}, {clip}, {sampling}{hist}; epsilon at delta {self.delta:g} "
-                f"(RDP accountant, dp-accounting){target}")
+        return (f"privacy {who}; z {self.noise_multiplier:g}, {clip}, {sampling}{hidden}{hist}; epsilon at delta "
+                f"{self.delta:g} ({r.accountant.upper()} accountant, dp-accounting){target}; not covered: the run's own "
+                "record (metrics.jsonl, TensorBoard, the console: true counts, who took part, the virtual clock)")
 
     def state_dict(self) -> dict:
         """global.pt's "privacy": the ledger with the releases it was priced at, the clip, the secret seed."""
@@ -259,8 +297,17 @@ def build(cfg, federation: Federation, labeller: Labeller | None, method: Method
     per_refresh = 0 if labeller is None else int(labeller.cooperative) + int(weighs_classes(labeller))
     z = 1.0 if cfg.noise_multiplier == "calibrate" else float(cfg.noise_multiplier)
     z_h = z if cfg.histogram_noise is None else float(cfg.histogram_noise)
+    if cfg.accountant == "pld" and cfg.mode == "central" and cfg.sampling == "fixed" and sampled < num_clients:
+        raise ConfigError(f"privacy.accountant=pld prices no sampling without replacement ({sampled} of {num_clients} "
+                          "clients drawn; dp-accounting's PLD has no such event): use privacy.accountant rdp, or "
+                          "privacy.sampling poisson")
+    if cfg.sampling == "poisson" and per_refresh and cfg.histogram_bound is None:
+        raise ConfigError("privacy.sampling=poisson needs privacy.histogram_bound: the default, the largest client's train "
+                          "images, would change when a client is added or removed (its size is private); give a bound "
+                          "that does not depend on the data")
     releases = Releases(pieces=z if releases_update else None, histograms=z_h, histograms_per_refresh=per_refresh,
-                        clients=num_clients, sampled=sampled, rate=join_rate, sampling=cfg.sampling, local=cfg.mode == "local")
+                        clients=num_clients, sampled=sampled, rate=join_rate, sampling=cfg.sampling, local=cfg.mode == "local",
+                        accountant=cfg.accountant)
     if cfg.noise_multiplier == "calibrate":
         if cfg.target_epsilon is None:
             raise ConfigError("privacy.noise_multiplier=calibrate calibrates z to privacy.target_epsilon: set it")
@@ -275,7 +322,8 @@ def build(cfg, federation: Federation, labeller: Labeller | None, method: Method
     privacy = Privacy(mode=cfg.mode, noise_multiplier=z, clip_norm=float(cfg.clip), delta=float(cfg.delta),
                       seed=federation.seed, releases=releases, histogram_bound=bound, target_epsilon=cfg.target_epsilon,
                       adaptive=cfg.adaptive_clip, target_quantile=float(cfg.target_quantile), clip_lr=float(cfg.clip_lr),
-                      count_std=float(count_std), cooperative=labeller is not None and labeller.cooperative)
+                      count_std=float(count_std), cooperative=labeller is not None and labeller.cooperative,
+                      bound_given=cfg.histogram_bound is not None)
     if cfg.adaptive_clip:
         privacy.update_multiplier()  # a ConfigError where the count's noise takes the whole budget
     if cfg.target_epsilon is not None:
@@ -294,11 +342,6 @@ def declares_messages(method) -> bool:
     return type(method).messages is not ClientSide.messages
 
 
-def weighs_classes(labeller: Labeller) -> bool:
-    """Whether the labeller's loss weighs its classes by the federation's selected counts (its `class_weights` of any
-    counts is not None): only then are the selected counts released at a refresh."""
-    ones = torch.ones(1, 2, dtype=torch.long)
-    return labeller.class_weights(ones, ones) is not None
 
 
 def secret_seed() -> int:

@@ -11,12 +11,13 @@ import torch
 from lightning import Fabric
 from torch import Tensor
 
+from fedur import channel as channels
 from fedur.config import Config, result_settings
 from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import placement_table
 from fedur.launch_env import Startup, software_environment
-from fedur.privacy import Federation, build
+from fedur.privacy import Federation, Privacy, build
 from fedur.privacy.releases import secret_seed
 from fedur.train import checkpoint
 from fedur.train.evaluate import evaluate_zero_shot
@@ -33,8 +34,6 @@ from fedur.train.run_dir import History, RunDir
 from fedur.train.server import ServerState
 from fedur.train.setup import Truth, describe, setup
 from fedur.train.state import RunState
-from fedur.train.uploads import build as upload_rules
-from fedur.train.uploads import check_deadline
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # agreed as max over ranks: SIGUSR1 (requeue) wins
 
@@ -73,31 +72,35 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     saved = None if resume is None else checkpoint.restore(resume, host.clients)  # its clients against the checkpoint
     numbering = checkpoint.FORMAT if resume is None else resume.marker.format  # a run keeps its numbering
     history = run_dir.history(start_round, fabric.is_global_zero, checkpoint.first_round(numbering))
-    server, plan = ServerState.start(host.method, host.model, host.start), round_plan(cfg, host, truth)
-    check_deadline(plan.rules, sum(server.upload_bytes().values()))  # (a refusal leaves no run directory)
+    server = ServerState.start(host.method, host.model, host.start)
+    plan = round_plan(cfg, host, truth, server)
+    plan.channel.clock.check_deadline(sum(server.upload_bytes().values()))  # (a refusal leaves no run directory)
     checked()
     if fabric.is_global_zero:  # only now: a run that fails while loading leaves no directory behind
         run_dir.root.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
     recorder = open_recorder(host, cfg, run_dir, history, start_round, truth, skipped)
-    state = RunState(server, privacy=private_releases(cfg, host, plan, server))
+    if host.memory is not None:  # run.memory_estimate: before any compute on the model
+        recorder.note(host.memory.describe())
+    state = RunState(server, channel=plan.channel, secret_seed=host.secret_seed)
     if saved is None:
         with startup.timing("zero_shot"):
             counts, held_out = evaluate_zero_shot(host)
         recorder.record_zero_shot(counts, host.training, held_out)
     else:
         state.load_state_dict(saved)
+        host.secret_seed = state.secret_seed
         recorder.note(f"resumed from {resume.folder} (round {start_round + 1} of {cfg.federation.rounds} is next)")
-    if state.privacy is not None:  # (after a resume: with the clip it restored)
-        recorder.note(state.privacy.describe())
-    if plan.rules.active:
-        recorder.note(plan.rules.describe())
+    for line in plan.channel.describe():  # (after a resume: with the clip it restored)
+        recorder.note(line)
 
     recorder.startup = startup.seconds(time.time())  # everything before round 1
     last, start_time, wall_before = None, time.perf_counter(), state.wall_seconds
     wall = lambda: wall_before + time.perf_counter() - start_time  # noqa: E731  (over every session of the run)
     for round_idx in progress.iterate(range(start_round, plan.rounds), "rounds", total=plan.rounds, initial=start_round):
-        if passes_target(state, recorder, round_idx, plan, host.tuner.labeller is not None):
+        stop_line = plan.channel.stop_before(round_idx, plan.rounds, plan.refreshes(round_idx, host.tuner.labeller))
+        if stop_line:  # (privacy.target_epsilon: this round's releases would pass it)
+            recorder.note(stop_line)
             break
         last = run_round(host, state, round_idx, plan)
         recorder.record_round(round_record(last, history.first_round))
@@ -107,58 +110,59 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
         received = agreed_stop(collectives, stop)
         if received and round_idx + 1 < plan.rounds:
             return stop_early(host, stop, state, round_idx, plan.rounds, received)
-    if plan.rules.active:
+    if plan.channel.system:
         recorder.record_virtual_time()
     summary = finish(host, cfg, run_dir, recorder, state, plan, last, wall)
     return FitResult(summary, host, state.server.shared)
 
 
-def round_plan(cfg: Config, host: Host, truth: Truth) -> RoundPlan:
-    """The run's RoundPlan from its settings. Every rank calls this (the clients' train sizes are gathered)."""
+def round_plan(cfg: Config, host: Host, truth: Truth, server: ServerState) -> RoundPlan:
+    """The run's RoundPlan from its settings, with its channel (fedur/channel/). Every rank calls this (the clients'
+    train sizes are gathered, privacy's secret seed broadcast)."""
     fed, optim = cfg.federation, cfg.optim
     sizes = {c.client_id: torch.tensor(len(c.train_indices), device="cpu") for c in host.clients}
+    train_sizes = host.gather(sizes, like=torch.tensor(0, device="cpu"), what="train sizes")
+    rounds, num_training = host.method.rounds(fed.rounds), int(host.training.sum())
+    host.secret_seed = secret(cfg, host)
+    privacy = private_releases(cfg, host, server, rounds, train_sizes)
+    channel = channels.build(cfg.stages, privacy, num_training, cfg.run.seed, optim.batch_size, fed.local_epochs)
     return RoundPlan(
-        rounds=host.method.rounds(fed.rounds), refresh_every=fed.refresh_every, join_rate=fed.join_rate, seed=cfg.run.seed,
+        rounds=rounds, refresh_every=fed.refresh_every, join_rate=fed.join_rate, seed=cfg.run.seed,
         optim=Optimization(optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every, optim.schedule,
                            optim.cosine_epochs, optim.warmup_epochs, optim.warmup_lr),
         optimizer_state=optim.optimizer_state, global_model=cfg.evaluation.global_model,
-        train_sizes=host.gather(sizes, like=torch.tensor(0, device="cpu"), what="train sizes"), train_labels=truth.train_labels,
-        rules=upload_rules(fed, int(host.training.sum()), cfg.run.seed, optim.batch_size, fed.local_epochs),
+        train_sizes=train_sizes, train_labels=truth.train_labels, channel=channel,
     )
 
 
-def private_releases(cfg: Config, host: Host, plan: RoundPlan, server: ServerState):
-    """privacy.mode central | local: the run's releases and their accountant (None: privacy off)."""
+def private_releases(cfg: Config, host: Host, server: ServerState, rounds: int, train_sizes: torch.Tensor) -> Privacy | None:
+    """privacy.mode central | local: the run's mechanism and its accountant (None: privacy off). Every rank calls this
+    (the secret seed is broadcast)."""
     if cfg.privacy.mode == "none":
         return None
-    training, seed = host.training, cfg.privacy.noise_seed  # a secret one, the same on every rank (a resume: the saved)
-    seed = host.fabric.broadcast(secret_seed() if host.fabric.is_global_zero else None, src=0) if seed is None else seed
-    federation = Federation(int(training.sum()), cfg.federation.join_rate, seed, plan.rounds, plan.refresh_every,
-                            plan.train_sizes[training])
+    training = host.training
+    federation = Federation(int(training.sum()), cfg.federation.join_rate, host.secret_seed, rounds,
+                            cfg.federation.refresh_every, train_sizes[training])
     return build(cfg.privacy, federation, host.tuner.labeller, host.method, {**server.shared, **server.messages})
 
 
-def passes_target(state: RunState, recorder: Recorder, round_idx: int, plan: RoundPlan, labels: bool) -> bool:
-    """Whether round `round_idx`'s releases would take epsilon past privacy.target_epsilon: the run then stops before
-    it, says so in one line and in summary.json (the checkpoint stays the last round's)."""
-    privacy = state.privacy
-    if privacy is None or privacy.target_epsilon is None:
-        return False
-    after = privacy.epsilon_after(refreshes=labels and round_idx % plan.refresh_every == 0)
-    if after <= privacy.target_epsilon:
-        return False
-    privacy.stopped_before = round_idx + 1
-    recorder.note(f"stopped before round {round_idx + 1} of {plan.rounds}: its releases would take epsilon from "
-                  f"{privacy.epsilon():.3f} to {after:.3f}, past privacy.target_epsilon={privacy.target_epsilon:g} "
-                  f"(delta {privacy.delta:g})")
-    return True
+def secret(cfg: Config, host: Host) -> int | None:
+    """The run's secret seed where it draws noise nobody may replay (privacy on, or a method's own secret noise:
+    ClientSide.draws_secret_noise): privacy.noise_seed, or drawn from the operating system's randomness on rank 0 and
+    broadcast (a resume continues the saved one). None: the run draws none. Every rank calls this."""
+    if cfg.privacy.mode == "none" and not host.method.draws_secret_noise:
+        return None
+    if cfg.privacy.noise_seed is not None:
+        return cfg.privacy.noise_seed
+    return host.fabric.broadcast(secret_seed() if host.fabric.is_global_zero else None, src=0)
 
 
 def open_recorder(host: Host, cfg: Config, run_dir: RunDir, history: History, start_round: int, truth: Truth,
                   skipped: list[str]) -> Recorder:
     """Rank 0's sink, with what a run writes before its first round: config.yaml, its first line, placement.json,
     partition.json, and what it says once. Every rank calls this (the placement is gathered)."""
-    recorder = Recorder(run_dir, host.fabric.is_global_zero, history, start_round, host.progress, cfg.run.figures)
+    recorder = Recorder(run_dir, host.fabric.is_global_zero, history, start_round, host.progress, cfg.run.figures,
+                        tuple(cfg.run.loggers))
     recorder.start(cfg.yaml(), describe(host, cfg))
     recorder.record_placement(gather_placement(host))
     recorder.record_partition(truth.partition)
@@ -191,9 +195,9 @@ def finish(host: Host, cfg: Config, run_dir: RunDir, recorder: Recorder, state: 
         "num_clients": fed.num_clients, "world_size": fabric.world_size, "wall_seconds": wall_seconds,
         "dataset": host.dataset.name, "method": method.key, "labeller": None if labeller is None else labeller.key,
         "skipped_images": recorder.skipped, "train_labels": plan.train_labels is not None, "test_labels": recorder.test_labels,
-        **domains, **({} if state.privacy is None else {"privacy": state.privacy.summary()}),
-        **({"system": plan.rules.summary(recorder.rounds)} if plan.rules.active else {}),
-        "environment": software_environment(fabric.device)})
+        **domains, **plan.channel.summary(recorder.rounds),
+        "environment": software_environment(fabric.device),
+        **({} if host.memory is None else {"memory": host.memory.as_dict()})})
 
 
 def gather_placement(host: Host) -> dict:

@@ -28,6 +28,7 @@ from fedur.methods.base import ClientData, Method
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.frozen import FrozenImages, Reads
 from fedur.train.features import RunFeatures
+from fedur.train.memory import MemoryEstimate
 from fedur.train.module import PromptTuner
 from fedur.train.progress import QUIET, Progress
 
@@ -80,6 +81,8 @@ class Host:
     features: RunFeatures | None = None  # data.feature_cache: every image's frozen features (None: off)
     tower: Reads | None = None  # what the method's logits read of the image tower where it carries no prompt
     # (forward.frozen_reads: "features", "tokens"); None: images (a prompted tower)
+    secret_seed: int | None = None  # the run's secret seed, where it draws secret noise (fedur/train/fit.py)
+    memory: MemoryEstimate | None = None  # rank 0's estimate of a unit's peak memory (run.memory_estimate), else None
 
     def __post_init__(self) -> None:
         if self.training is None:
@@ -106,7 +109,7 @@ class Host:
     @property
     def client_data(self) -> ClientData:
         """What the method's hooks may read of the clients beyond a batch (methods.base.ClientData)."""
-        return ClientData(self.model, self.train_features)
+        return ClientData(self.model, self.train_features, self.secret_seed)
 
     def units(self, clients: list[ClientState] | None = None) -> list[list[ClientState]]:
         """`clients` (default: every hosted one) in their units: groups of run.clients_per_step consecutive

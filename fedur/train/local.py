@@ -64,7 +64,7 @@ def train_unit(host: Host, clients: list[ClientState], round_idx: int, optimizer
     its next one (its own data order); the batches go through the method's grouped forward, and the step
     backpropagates the sum of the clients' own losses, so each client's pieces get their own gradient. Each
     client has its own SGD and schedule and steps only when it had a batch; the method's before_step and
-    after_step see each step. `limits`: each client's most local steps (None: all; federation.late partial: a late
+    after_step see each step. `limits`: each client's most local steps (None: all; clock.late partial: a late
     client stops where the deadline cuts it, its data order and schedule as if it went on).
     """
     host.model.train()  # what the method's hooks see as a training step (`model.training`)
@@ -108,7 +108,7 @@ def _train_unit(host: Host, clients: list[ClientState], round_idx: int, optimize
             for k, out in zip(order, outs):
                 optimizer = optimizers[k][0]
                 lr = optimizer.param_groups[0]["lr"]  # a number: the schedule's, as SGD applies it
-                step = LocalStep(on_device[k], pieces[k], names, steps[k], epoch, lr, optimizer)
+                step = LocalStep(on_device[k], pieces[k], names, steps[k], epoch, lr, optimizer, round_idx)
                 method.before_step(step)
                 optimizer.step()
                 method.after_step(step)

@@ -16,13 +16,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedur.channel import Channel
 from fedur.labels.base import Labeller
 from fedur.train import faults
 from fedur.train.evaluate import evaluate_clients
 from fedur.train.host import Host
 from fedur.train.local import train_unit
 from fedur.train.module import Optimization
-from fedur.train.refresh import Answering, refresh_pseudo_labels
+from fedur.train.refresh import Ask, refresh_pseudo_labels
 
 
 def adapt_new_clients(host: Host, labeller: Labeller, optim: Optimization, zero_shot_labels: bool, train_sizes: Tensor,
@@ -35,8 +36,8 @@ def adapt_new_clients(host: Host, labeller: Labeller, optim: Optimization, zero_
     for k in host.new_clients:
         members = torch.zeros(host.num_clients, dtype=torch.bool, device="cpu")
         members[k] = True
-        refresh = refresh_pseudo_labels(host, zero_shot_labels, 0, labeller, int(train_sizes[k]), train_labels,
-                                        Answering(members))
+        ask = Ask(stream_round, 0, zero_shot=zero_shot_labels, n_total=int(train_sizes[k]), members=members)
+        refresh = refresh_pseudo_labels(host, labeller, Channel.alone(), ask, train_labels)  # a federation of one
         hosted = [c for c in host.clients if c.client_id == k]
         if hosted and len(hosted[0].pseudo_labels.labels):  # its pieces change in place; nothing is uploaded
             # its own selection's class weights, as a federation of one

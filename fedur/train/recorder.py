@@ -9,13 +9,18 @@ counted from 0 in its files (History.first_round 0, summary.json's "first_round"
 there when resumed; steps and printed lines count from 1 either way. A resumed run (`start_round` > 0) starts from the History its run
 directory gave back, and reopens the same tensorboard/ directory with purge_step = start_round + 1:
 TensorBoard drops whatever the interrupted run logged after the last kept round, and nothing at or
-below that step is logged again.
+below that step is logged again (its new event file named after the interrupted run's: sinks.py).
+
+What a round's row becomes (TensorBoard's scalars, the round line) is declared field by field in
+fedur/train/round_fields.py; every scalar, figure and text goes to the run's sinks (fedur/train/sinks.py:
+TensorBoard) through one stream, `_scalars` and `_figure`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -24,7 +29,11 @@ from torch import Tensor
 from fedur.federated.placement import placement_lines
 from fedur.metrics import accuracies, best, fmt, harmonic_mean, mean, pooled
 from fedur.train.progress import QUIET, Progress, eta_seconds, format_duration
+from fedur.train.round_fields import ADAPTED, CONFIG, CONFUSION, FIELD, HPARAMS, PARTITION, VIRTUAL_TIME, round_line
+from fedur.train.round_fields import scalars as row_scalars
 from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir, writing
+from fedur.train.sinks import Sink
+from fedur.train.trackers import open_trackers
 
 
 def heatmap(*args, **kwargs):
@@ -66,7 +75,7 @@ def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accu
 class Recorder:
     def __init__(
         self, run_dir: RunDir, enabled: bool, history: History | None = None, start_round: int = 0,
-        progress: Progress = QUIET, figures: bool = True,
+        progress: Progress = QUIET, figures: bool = True, loggers: tuple[str, ...] = ("tensorboard",),
     ) -> None:
         self.run_dir, self.enabled, self.start_round, self.progress = run_dir, enabled, start_round, progress
         self.figures = figures  # run.figures: draw the heatmaps (else the numbers only)
@@ -80,24 +89,22 @@ class Recorder:
         self.adapted: dict = {}  # the new clients' accuracy after adapting (record_adapted)
         self.skipped: list[str] = []  # the images left out as unreadable (note_skipped)
         self.startup: dict[str, float] = {}  # where this session's time before its first round went (seconds)
-        self.tensorboard = None  # opened with the first round's record (`open_tensorboard`)
-        self.deferred: list | None = [] if enabled else None  # what waits for it: TensorBoard's step 0, the figures
+        self.loggers = loggers  # run.loggers: the trackers the sinks are (fedur/train/trackers.py)
+        self.sinks: list[Sink] = []  # opened with the first round's record (`open_sinks`)
+        self.deferred: list | None = [] if enabled else None  # what waits for them: TensorBoard's step 0, the figures
 
-    def open_tensorboard(self) -> None:
-        """TensorBoard's writer, and what waited for it: nothing a run needs before its first round is imported or
-        drawn before it (TensorBoard, matplotlib); called with the first round's record, or at the finish."""
+    def open_sinks(self) -> None:
+        """The sinks (TensorBoard's writer), and what waited for them: nothing a run needs before its first round is
+        imported or drawn before it (TensorBoard, matplotlib); called with the first round's record, or at the finish."""
         if self.deferred is None:
             return
-        from lightning.fabric.loggers import TensorBoardLogger
-
-        purge = {"purge_step": self.start_round + 1} if self.start_round else {}  # passed on to SummaryWriter
-        self.tensorboard = TensorBoardLogger(root_dir=str(self.run_dir.root), name="", version="tensorboard", **purge)
+        self.sinks = open_trackers(list(self.loggers), self.run_dir.root, self.start_round, self.note)
         waiting, self.deferred = self.deferred, None
         for write in waiting:
             write()
 
-    def later(self, write) -> None:
-        """`write()` now, or once TensorBoard is open (`open_tensorboard`), in the order asked."""
+    def later(self, write: Callable[[], None]) -> None:
+        """`write()` now, or once the sinks are open (`open_sinks`), in the order asked."""
         if self.deferred is not None:
             self.deferred.append(write)
         elif self.enabled:
@@ -120,8 +127,8 @@ class Recorder:
                 self.run_dir.path(name).write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
     def _figure(self, draw, tag: str | None, step: int, file: str | None = None) -> None:
-        """A figure (`draw()` builds it: fedur.plots) to a PNG in the run directory and/or to TensorBoard's images, drawn
-        once for both, when TensorBoard is open."""
+        """A figure (`draw()` builds it: fedur.plots) to a PNG in the run directory and/or to the sinks' images, drawn
+        once for all, when the sinks are open."""
         logs = tag is not None and self._logs(step)
         if not self.figures or (not logs and file is None):
             return
@@ -133,8 +140,8 @@ class Recorder:
             pixels = rendered(fig)  # (H, W, 3) uint8
             close(fig)
             if logs:
-                with writing(self.run_dir.path("tensorboard")):
-                    self.tensorboard.experiment.add_image(tag, pixels, step, dataformats="HWC")
+                for sink in self.sinks:
+                    sink.image(tag, pixels, step)
             if file is not None:
                 with writing(self.run_dir.path(file)):
                     write_png(pixels, self.run_dir.path(file))
@@ -149,8 +156,8 @@ class Recorder:
                 self.run_dir.path(name).write_text(config_yaml)
         if self._logs(0):
             def text() -> None:
-                with writing(self.run_dir.path("tensorboard")):
-                    self.tensorboard.experiment.add_text("config", f"```\n{config_yaml}\n```", 0)
+                for sink in self.sinks:
+                    sink.text(CONFIG, f"```\n{config_yaml}\n```", 0)
 
             self.later(text)
         self.note(description)
@@ -176,7 +183,7 @@ class Recorder:
             if partition[name] is not None:
                 counts, title = np.array(partition[name]), f"{name} images per client and class"
                 self._figure(lambda counts=counts, title=title: heatmap(counts, clients, classnames, title),
-                             f"partition/{name}", 0, file=f"partition_{name}.png")
+                             PARTITION.replace("NAME", name), 0, file=f"partition_{name}.png")
 
     def note_skipped(self, skipped: list[str]) -> None:
         """The images left out as unreadable (data.corrupt_images skip): said once, on the console too, and kept for
@@ -217,9 +224,9 @@ class Recorder:
                 f"global {self.zero_shot['zero_shot_global']:.2f}%"
                 + "".join(f", {name} {fmt(acc)}%" for name, acc in self.zero_shot.get("zero_shot_held_out", {}).items())
             )
-        clients = {f"accuracy/client_{k:03d}": acc for k, acc in enumerate(per_client)}
-        held = {f"accuracy/held_out_{name.replace(':', '_')}": acc for name, acc in self.zero_shot.get("zero_shot_held_out", {}).items()}
-        self._scalars({"accuracy/mean": self.zero_shot["zero_shot_client_mean"], **clients, **held}, step=0)
+        before = {"mean_accuracy": self.zero_shot["zero_shot_client_mean"], "client_accuracy": per_client,
+                  "held_out_accuracy": self.zero_shot.get("zero_shot_held_out", {})}  # zero-shot CLIP as a round's fields
+        self._scalars(row_scalars(before), step=0)
 
     def record_round(self, row: dict) -> None:
         self.rounds.append(row)
@@ -227,77 +234,18 @@ class Recorder:
             return
         with writing(self.run_dir.path(METRICS)), open(self.run_dir.path(METRICS), "a") as f:
             f.write(json.dumps(row) + "\n")
-        self.open_tensorboard()
+        self.open_sinks()
         step = row["round"] + 1 - self.first_round  # rounds completed, from 1
-        scalars = {
-            "accuracy/mean": row["mean_accuracy"],
-            "accuracy/weighted_mean": row.get("weighted_accuracy"),
-            "accuracy/global": row.get("global_accuracy"),
-            "accuracy/dual": row.get("dual_accuracy"),
-            "accuracy/new_clients": row.get("new_client_accuracy"),
-            "optim/lr": row["lr"],
-            "time/round_seconds": row["round_seconds"],
-            "comm/bytes_total": sum(row["bytes_sent"]),
-            "comm/bytes_cumulative": sum(sum(r["bytes_sent"]) for r in self.rounds),
-            "pseudo_labels/accuracy_mean": mean(row["pseudo_label_accuracy"]),
-            "pseudo_labels/agreement_mean": mean(row.get("pseudo_label_agreement") or []),
-            "pseudo_labels/selected_total": None if row["selected_per_class"] is None else sum(row["selected"]),
-            "privacy/epsilon": row.get("epsilon"),  # privacy on: spent so far, at privacy.delta
-            "privacy/clip": row.get("clip"),
-            # who answered (docs/system.md): counts of client ids, and the virtual clock
-            **{f"clients/{key}": len(row[key]) for key in ("asked", "answered", "dropped", "late", "surplus", "accepted")
-               if key in row},
-            "time/virtual_seconds": row.get("virtual_seconds"),
-            "time/virtual_clock": row.get("virtual_clock"),
-        }
-        for k, acc in enumerate(row["client_accuracy"]):
-            scalars[f"accuracy/client_{k:03d}"] = acc
-            scalars[f"pseudo_labels/accuracy_client_{k:03d}"] = row["pseudo_label_accuracy"][k]
-            scalars[f"pseudo_labels/selected_client_{k:03d}"] = row["selected"][k]
-            scalars[f"loss/client_{k:03d}"] = row["loss"][k]
-        for name in ("loss", "loss_pos", "loss_neg"):
-            scalars[f"loss/{name}_mean"] = mean(row[name])
-        for phase, seconds in (row.get("phase_seconds") or {}).items():
-            scalars[f"time/{phase}_seconds"] = seconds
-        for prompt, values in (row.get("prompt_divergence") or {}).items():  # Fig. 2 of the paper
-            for name, value in values.items():
-                scalars[f"divergence/{prompt}_{name}"] = value
-        for name, value in (row.get("held_out_accuracy") or {}).items():  # base-to-novel, leave-one-domain-out
-            scalars[f"accuracy/held_out_{name.replace(':', '_')}"] = value
-        scalars["accuracy/base_novel_harmonic"] = row.get("base_novel_harmonic")
-        for name, value in (row.get("method") or {}).items():  # the method's own (Aggregated.metrics)
-            scalars[f"method/{name}"] = value
-        for name, size in (row.get("upload_bytes") or {}).items():
-            scalars[f"comm/upload_bytes_{name}"] = size
-        for c, weight in enumerate(row.get("class_weights") or []):  # refresh rounds with class weights on
-            scalars[f"pseudo_labels/class_weight_{c:03d}"] = weight
-        self._scalars(scalars, step)
+        self._scalars(row_scalars(row, self.rounds[:-1]), step)
         if row.get("selection") is not None and self._logs(step):  # (K, C) selected counts, refresh rounds
             selection = np.array(row["selection"])
             classes = self.classnames or [str(c) for c in range(selection.shape[1])]
             self._figure(lambda: heatmap(selection, [f"client {k}" for k in range(len(selection))], classes,
-                                         f"selected pseudo-labels, round {step}"), "pseudo_labels/selection", step)
+                                         f"selected pseudo-labels, round {step}"), FIELD["selection"].image, step)
         session = self.rounds[self.start_round:]  # the pace of this process, not of an interrupted one
         left = eta_seconds(sum(r["round_seconds"] for r in session), len(session), row["rounds"] - step)
-        parts = [f"round {step:>3}/{row['rounds']}"] + ([f"acc {fmt(row['mean_accuracy'])}%"] if self.test_labels else [])
-        if self.test_labels and row.get("global_accuracy") is not None:
-            parts.append(f"global {fmt(row['global_accuracy'])}%")
-        if self.test_labels and row.get("new_client_accuracy") is not None:
-            parts.append(f"new clients {fmt(row['new_client_accuracy'])}%")
-        for name, value in (row.get("held_out_accuracy") or {}).items() if self.test_labels else ():
-            parts.append(f"{name} {fmt(value)}%")
-        if row["selected_per_class"] is not None:  # a method with pseudo-labels
-            hits = mean(row["pseudo_label_accuracy"])
-            parts += ([] if hits is None else [f"pseudo-label acc {fmt(hits)}%"]) + [f"selected {sum(row['selected'])}"]
-            agreed = mean(row.get("pseudo_label_agreement") or [])
-            parts += [] if agreed is None else [f"agreement {fmt(agreed)}%"]
-        if row["lr"] is not None:  # some client trained
-            parts += [f"loss {fmt(mean(row['loss']), 4)}", f"lr {fmt(row['lr'], 4)}"]
-        if "accepted" in row and len(row["accepted"]) != len(row["asked"]):  # lost, late or surplus uploads
-            parts.append(f"taken {len(row['accepted'])}/{len(row['asked'])}" + (" (global kept)" if row["kept_global"] else ""))
-        if "epsilon" in row:  # privacy on
-            parts.append("eps inf" if row["epsilon"] is None else f"eps {row['epsilon']:.2f}")
-        self.note("  ".join([*parts, f"{row['round_seconds']:.1f}s", f"eta {format_duration(left)}"]))
+        self.note("  ".join([f"round {step:>3}/{row['rounds']}", *round_line(row, self.test_labels),
+                             f"eta {format_duration(left)}"]))
 
     def record_adapted(self, counts: Tensor, training: Tensor) -> None:
         """The new clients' (evaluation.new_clients) accuracy after adapting alone, from (K, 2) counts (the
@@ -307,7 +255,7 @@ class Recorder:
         new = torch.nonzero(~training).flatten().tolist()
         self.adapted = {"new_client_adapted_accuracy": mean([per_client[k] for k in new]),
                         "new_client_adapted_client_accuracy": {str(k): per_client[k] for k in new}}
-        self._scalars({"accuracy/new_clients_adapted": self.adapted["new_client_adapted_accuracy"]}, len(self.rounds) + 1)
+        self._scalars({ADAPTED: self.adapted["new_client_adapted_accuracy"]}, len(self.rounds) + 1)
         if self.test_labels:
             arrived = self.rounds[-1].get("new_client_accuracy") if self.rounds else None
             self.note(f"new clients {', '.join(map(str, new))}: {fmt(arrived)}% as they arrive, "
@@ -315,7 +263,7 @@ class Recorder:
 
     def record_virtual_time(self) -> None:
         """accuracy_virtual_time.png (and TensorBoard's accuracy/virtual_time image): the personal (and global) mean
-        accuracy against the virtual clock (federation.speeds ...; docs/system.md)."""
+        accuracy against the virtual clock (clock.speeds ...; docs/system.md)."""
         rounds = [r for r in self.rounds if r.get("virtual_clock") is not None]
         if not rounds or not self.test_labels:
             return
@@ -326,7 +274,7 @@ class Recorder:
         if any(r.get("global_accuracy") is not None for r in rounds):
             series["global"] = (clock, [self.zero_shot.get("zero_shot_global")] + [r.get("global_accuracy") for r in rounds])
         self._figure(lambda: line_plot(series, "accuracy against virtual time", "virtual seconds", "accuracy (%)",
-                                       integer_x=False), "accuracy/virtual_time", len(self.rounds), "accuracy_virtual_time.png")
+                                       integer_x=False), VIRTUAL_TIME, len(self.rounds), "accuracy_virtual_time.png")
 
     def record_confusion(self, per_client: Tensor, classnames: list[str]) -> None:
         """confusion.json and a heatmap of the (C, C) confusion matrix [true, predicted], summed over the
@@ -336,22 +284,23 @@ class Recorder:
         self._write_json("confusion.json", {"round": step, "classnames": classnames, "matrix": matrix.tolist()})
         self._figure(lambda: heatmap(matrix, classnames, classnames,
                                      f"confusion after round {step} (rows: true, columns: predicted)", normalize_rows=True),
-                     "confusion/final", step)
+                     CONFUSION, step)
 
-    def _scalars(self, scalars: dict, step: int) -> None:
+    def _scalars(self, scalars: dict[str, float | None], step: int) -> None:
+        """The stream of scalars: {tag: value} at `step` to every sink (None, inf and nan left out)."""
         if self._logs(step):
             clean = {k: v for k, v in scalars.items() if v is not None and math.isfinite(v)}
 
             def write() -> None:
-                with writing(self.run_dir.path("tensorboard")):
-                    self.tensorboard.log_metrics(clean, step=step)
+                for sink in self.sinks:
+                    sink.scalars(clean, step)
 
             self.later(write)
 
     def finish(self, settings: dict, extra: dict) -> dict:
         """summary.json. The final accuracies are the last round's; with no round (zero-shot CLIP) the model
         that was evaluated is the zero-shot one."""
-        self.open_tensorboard()
+        self.open_sinks()
         zero_shot = self.zero_shot
         final = self.rounds[-1] if self.rounds else {  # zero-shot CLIP is its own server model
             "mean_accuracy": zero_shot.get("zero_shot_client_mean"),
@@ -393,17 +342,9 @@ class Recorder:
         if self.enabled:
             with writing(self.run_dir.path("summary.json")):
                 self.run_dir.path("summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if self.tensorboard is not None:
-            metrics = {
-                "hparams/final_mean_accuracy": summary["final_mean_accuracy"],
-                "hparams/best_mean_accuracy": summary["best_mean_accuracy"],
-                "hparams/zero_shot_client_mean": summary.get("zero_shot_client_mean"),
-            }
-            present = {k: v for k, v in metrics.items() if v is not None}
-            with writing(self.run_dir.path("tensorboard")):
-                if present:  # the settings with the final metrics, for TensorBoard's HPARAMS tab
-                    self.tensorboard.log_hyperparams(settings, present, step=len(self.rounds))
-                self.tensorboard.finalize("success")
+        metrics = {f"hparams/{key}": summary.get(key) for key in HPARAMS if summary.get(key) is not None}
+        for sink in self.sinks:
+            sink.finish(settings, metrics, len(self.rounds))
         if self.rounds:
             self.note(summary_table(self.rounds, self.zero_shot.get("zero_shot_client_accuracy"), self.test_labels))
         if not self.rounds or not self.test_labels:  # zero-shot CLIP (nothing was trained), or no accuracy to give

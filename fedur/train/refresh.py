@@ -4,7 +4,7 @@ sec. 3.3-3.4)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,13 +12,11 @@ import torch
 from torch import Tensor
 
 from fedur.federated import streams
-from fedur.federated.attacks import flipped_labels
 from fedur.federated.client import check_tensors
-from fedur.labels.base import Labeller, PseudoLabels
-from fedur.privacy.mechanism import released_counts
+from fedur.labels.base import Labeller, PseudoLabels, weighs_classes
 
 if TYPE_CHECKING:
-    from fedur.privacy import Privacy
+    from fedur.channel import Channel
     from fedur.train.host import Host
 
 
@@ -37,73 +35,88 @@ class Refresh:
     released: Tensor | None = None  # privacy on: (K, C) what each client's histogram (the cooperative estimate, else its
     # selected counts) released to the others (local: noised; central: nothing, a row of zeros), and
     released_totals: Tensor | None = None  # (C,) the released sum (the quotas' denominators, or the class weights')
-    lost: Tensor | None = None  # (K,) bool: whose histograms were lost on the way (federation.drop_rate; None: none)
+    lost: Tensor | None = None  # (K,) bool: whose histograms were lost on the way (clock.drop_rate; None: none)
 
 
 @dataclass(frozen=True)
-class Answering:
-    """Who answers a refresh: `members` (K,) bool label and cooperate (None: `host.training`; the others keep their
-    pseudo-labels and have zero rows); of them, `lost` (K,) bool lose their histograms on the way (federation.drop_rate;
-    None: none); `flipped`: the attackers whose pseudo-labels are flipped (federation.attack label_flip)."""
+class Histograms:
+    """What the federation learns of one kind of histogram at a refresh (every rank the same; rows are client ids)."""
 
-    members: Tensor | None = None
-    lost: Tensor | None = None
-    flipped: tuple[int, ...] = ()
+    rows: Tensor  # (K, C) what each member sent as it arrived (privacy: clipped, local noised; float64), zeros otherwise
+    total: Tensor  # (C,) int64 the released sum over the members whose histograms arrived (privacy: noised)
+    answered: Tensor  # (K,) bool: the members whose histograms arrived
+    record: tuple[Tensor, Tensor] | None  # privacy on: (what each row showed the others, the released sum); else None
+
+    def seen_by(self, own: Tensor, client_id: int) -> tuple[Tensor, int]:
+        """(the sum, the number of clients) client `client_id` reads the federation's histograms as: the released
+        ones, with its own row `own` added where its histogram was lost on the way (it knows its own)."""
+        lost = int(not bool(self.answered[client_id]))
+        return self.total + own * lost, int(self.answered.sum()) + lost
 
 
-def refresh_pseudo_labels(
-    host: Host, zero_shot: bool, refresh_idx: int, labeller: Labeller, n_total: int, train_labels: np.ndarray | None,
-    answering: Answering = Answering(), privacy: Privacy | None = None,
-) -> Refresh:
-    """Label every local client's train set with zero-shot CLIP (the first refresh) or with the client's
-    current model (the method's logits with its prompts), then let `labeller` select. Every rank calls this.
+def exchange_histograms(host: Host, channel: Channel, counts: dict[int, Tensor], over: Tensor, refresh_idx: int, what: int,
+                        name: str) -> Histograms:
+    """The (C,) int64 histograms `counts` (of the clients this rank hosts) through the channel: each leaves its rank
+    (privacy: clipped, local noised), every rank gathers them in client-id order, and the federation learns the sum
+    over `over` ((K,) bool: the members whose histograms arrived; central privacy: noised). `what`:
+    streams.NOISE_ESTIMATES or NOISE_SELECTED. Every rank calls this."""
+    noise = channel.noise
+    sent = {k: noise.histogram(c, k, refresh_idx, what) for k, c in counts.items()}
+    rows = host.gather(sent, noise.histogram_like(host.model.num_classes), what=name)
+    total = noise.histogram_total(rows, over, refresh_idx, what)
+    return Histograms(rows, total, over, noise.record(rows, total))
 
-    Sets `client.pseudo_labels` of the local clients and lets the method build what it keeps per client.
-    The rank's train split has no labels: `train_labels` (the true label of every train row, None when the
-    data has none) is read only here, and only to count `label_hits` for monitoring. `n_total`: the size of
-    the whole train set (the cooperative allocation's fallback). `members`: (K,) bool, the clients that label
-    and cooperate (default: `host.training`); the others keep their pseudo-labels and have zero rows.
 
-    With `privacy`, what the federation computes from other clients' histograms comes from their release only: each
-    client's quotas from its own estimate and the noised sum of all, the class weights from the noised sum of the
-    selected counts (fedur/privacy/releases.py). The true counts are still gathered for the run's monitoring
-    (metrics.jsonl's selection, the pseudo-label accuracy): the experimenter's instrument, not a release.
+@dataclass(frozen=True)
+class Ask:
+    """Which refresh is asked, of whom."""
 
-    A client whose histograms are lost (`answering.lost`): the allocation and the class weights read the others' only,
-    and it takes its quotas from its own estimate against the others' sum with its own added (what it can know). An
-    attacker in `answering.flipped` flips its pseudo-labels after its selection: it trains on, and reports counts of,
+    round_idx: int  # the round it begins (from 0): whose histograms are lost on the way is drawn for it
+    refresh_idx: int  # the refresh's index (from 0)
+    zero_shot: bool  # label with zero-shot CLIP (the first refresh; a new client: evaluation.new_client_labels)
+    n_total: int  # the train images the cooperative allocation's fallback divides (the whole train set)
+    members: Tensor | None = None  # (K,) bool the clients that label and cooperate (None: host.training); the others
+    # keep their pseudo-labels and have zero rows
+
+
+def refresh_pseudo_labels(host: Host, labeller: Labeller, channel: Channel, ask: Ask, train_labels: np.ndarray | None) -> Refresh:
+    """Label every local client's train set with zero-shot CLIP (`ask.zero_shot`: the first refresh) or with the
+    client's current model (the method's logits with its prompts), then let `labeller` select. Every rank calls this.
+
+    Sets `client.pseudo_labels` of the local clients and lets the method build what it keeps per client. What a
+    client learns of the others is what the channel releases of their histograms (fedur/channel/): each cooperative
+    client's quotas come from its own estimate and the released sum of the estimates (a client whose histogram was
+    lost on the way adds its own), the class weights from the released sum of the selected counts. An attacker's
+    pseudo-labels are flipped after its selection (the channel's adversary): it trains on, and reports counts of,
     the flipped labels.
+
+    The true selected counts are gathered for the run's monitoring (metrics.jsonl's selection, the pseudo-label
+    accuracy): the experimenter's instrument, not a release. The rank's train split has no labels: `train_labels`
+    (the true label of every train row, None when the data has none) is read only here, and only to count
+    `label_hits`.
     """
-    num_classes = host.model.num_classes
-    members = host.training if answering.members is None else answering.members
-    lost, flipped = answering.lost, answering.flipped
-    answered = members if lost is None else members & ~lost  # whose histograms arrived
+    num_classes, n_total, refresh_idx = host.model.num_classes, ask.n_total, ask.refresh_idx
+    members = host.training if ask.members is None else ask.members
+    answered, lost = channel.histograms_arrive(ask.round_idx, members)  # whose histograms arrive, whose are lost
     hosted = [c for c in host.clients if members[c.client_id]]
-    predictions = host.predict("train", zero_shot, desc="pseudo-labelling clients", clients=hosted)
+    predictions = host.predict("train", ask.zero_shot, desc="pseudo-labelling clients", clients=hosted)
     probs = {k: logits.softmax(dim=-1) for k, (logits, _) in predictions.items()}
-    quotas = released = None
-    if labeller.cooperative and privacy is not None:
-        all_estimated, quotas, released = private_quotas(host, labeller, privacy, probs, hosted, members, n_total, refresh_idx)
-    elif labeller.cooperative:
+    estimates = quotas = None
+    if labeller.cooperative:
         estimated = {k: labeller.estimate(p) for k, p in probs.items()}
-        like = torch.zeros(num_classes, dtype=torch.long, device="cpu")
-        all_estimated = host.gather(estimated, like, what="pseudo-label histograms")  # the clients' only upload
-        quotas = torch.zeros_like(all_estimated)  # the members' allocation among themselves; zeros for the others
-        if bool(answered.any()):
-            quotas[answered] = labeller.allocate(all_estimated[answered], n_total, refresh_idx)
-        for k in torch.nonzero(members & ~answered).flatten().tolist():  # its histogram lost: its own against the rest
-            own = all_estimated[k:k + 1]
-            quotas[k] = labeller.allocate(own, n_total, refresh_idx, totals=all_estimated[answered].sum(dim=0) + own[0],
-                                          num_clients=int(answered.sum()) + 1)[0]
+        estimates = exchange_histograms(host, channel, estimated, answered, refresh_idx, streams.NOISE_ESTIMATES,
+                                        "pseudo-label histograms")
+        own = {}
+        for k, estimate in estimated.items():  # each client's quotas from its own estimate and what it learned
+            totals, clients = estimates.seen_by(estimate, k)
+            own[k] = labeller.allocate(estimate[None], n_total, refresh_idx, totals=totals, num_clients=clients)[0]
+        quotas = host.gather(own, torch.zeros(num_classes, dtype=torch.long, device="cpu"), what="quotas")
     local = {}
     for client in hosted:
         previous = client.pseudo_labels
-        client.pseudo_labels = chosen = labeller.select(
-            probs[client.client_id], None if quotas is None else quotas[client.client_id], refresh_idx, previous=previous
-        )
-        if client.client_id in flipped:  # an attacker's data poisoning
-            labels, mask = flipped_labels(chosen.labels, chosen.mask, num_classes)
-            client.pseudo_labels = chosen = replace(chosen, labels=labels, mask=mask)
+        chosen = labeller.select(probs[client.client_id], None if quotas is None else quotas[client.client_id], refresh_idx,
+                                 previous=previous)
+        client.pseudo_labels = chosen = channel.adversary.labels(client.client_id, chosen, num_classes)
         host.method.after_refresh(client, host.client_data)
         check_tensors(client.extra, f"{type(host.method).__name__}.after_refresh's client.extra")
         counts = torch.bincount(chosen.labels, minlength=num_classes)
@@ -111,43 +124,17 @@ def refresh_pseudo_labels(
                                              agreement(previous, chosen)])
     gathered = host.gather(local, torch.zeros(num_classes + 4, dtype=torch.long, device="cpu"), what="selected counts")
     selected, hits, agreed = gathered[:, :num_classes], gathered[:, num_classes:num_classes + 2], gathered[:, num_classes + 2:]
-    if quotas is None:
-        all_estimated = quotas = selected
-    if privacy is None or not privacy.releases_selected:  # (a labeller without class weights reads no counts)
-        if lost is None:
-            weights = labeller.class_weights(quotas, selected)
-        else:  # the histograms that arrived (all lost: every member's own, as if none were)
-            heard = answered if bool(answered.any()) else members
-            weights = labeller.class_weights(quotas[heard], selected[heard])
-    else:  # from the noised sum of the selected counts alone
-        sent = {c.client_id: privacy.histogram(torch.bincount(c.pseudo_labels.labels, minlength=num_classes), c.client_id,
-                                               refresh_idx, streams.NOISE_SELECTED) for c in hosted}
-        like = torch.zeros(num_classes, dtype=torch.float64, device="cpu")
-        rows = host.gather(sent, like, what="selected histograms")
-        total = privacy.totals(rows, members, refresh_idx, streams.NOISE_SELECTED)
-        weights = labeller.class_weights(total[None], total[None])
-        if not labeller.cooperative:  # the selected counts are all a client's pseudo-labels release
-            released = (rows if privacy.local else torch.zeros_like(rows), total)
-    return Refresh(all_estimated, quotas, selected, None if train_labels is None else hits,
-                   weights, None if zero_shot else agreed, *(released or (None, None)), lost=lost)
-
-
-def private_quotas(host: Host, labeller: Labeller, privacy: Privacy, probs: dict[int, Tensor], hosted: list,
-                   members: Tensor, n_total: int, refresh_idx: int) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
-    """The cooperative allocation with privacy on: every client's estimate leaves its rank clipped (and noised,
-    local), the noised sum over the members is released, and each client's quotas are its own estimate's share of
-    it (Labeller.allocate with `totals`). Returns the gathered estimates as counts (K, C), every client's quotas, and
-    what was released: each client's row to the others (local: noised; central: none, zeros) and the sum (C,)."""
-    num_classes = host.model.num_classes
-    estimated = {k: labeller.estimate(p) for k, p in probs.items()}
-    released = {k: privacy.histogram(e, k, refresh_idx, streams.NOISE_ESTIMATES) for k, e in estimated.items()}
-    gathered = host.gather(released, torch.zeros(num_classes, dtype=torch.float64, device="cpu"), what="pseudo-label histograms")
-    totals = privacy.totals(gathered, members, refresh_idx, streams.NOISE_ESTIMATES)
-    own = {c.client_id: labeller.allocate(estimated[c.client_id][None], n_total, refresh_idx, totals=totals,
-                                          num_clients=int(members.sum()))[0] for c in hosted}
-    quotas = host.gather(own, torch.zeros(num_classes, dtype=torch.long, device="cpu"), what="quotas")
-    rows = gathered if privacy.local else torch.zeros_like(gathered)
-    return released_counts(gathered), quotas, (rows, totals)
+    quotas = selected if quotas is None else quotas
+    weights, released = None, None if estimates is None else estimates.record
+    if weighs_classes(labeller):  # the class weights read the released sum of the selected counts
+        counts = {c.client_id: torch.bincount(c.pseudo_labels.labels, minlength=num_classes) for c in hosted}
+        heard = answered if bool(answered.any()) else members  # (all lost: every member's, as if none were)
+        chosen = exchange_histograms(host, channel, counts, heard, refresh_idx, streams.NOISE_SELECTED, "selected histograms")
+        weights = labeller.class_weights(quotas[heard], chosen.total[None])
+        released = released or chosen.record
+    return Refresh(channel.noise.counted(estimates.rows) if estimates is not None else selected, quotas, selected,
+                   None if train_labels is None else hits, weights, None if ask.zero_shot else agreed,
+                   *(released or (None, None)), lost=lost)
 
 
 def label_hits(chosen: PseudoLabels, train_indices: np.ndarray, train_labels: np.ndarray | None) -> Tensor:

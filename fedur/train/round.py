@@ -3,7 +3,6 @@ takes part and their weights, train them, exchange with the server, evaluate; wh
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -11,18 +10,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedur.federated.clock import Arrivals
+from fedur.channel import Channel, Drawn, wanted
 from fedur.federated.divergence import drift_diversity, mean_pairwise_cosine_distance
 from fedur.methods.base import LocalRound
 from fedur.train.evaluate import evaluate_round
 from fedur.train.host import Host
 from fedur.train.local import train_unit
 from fedur.train.module import Optimization
-from fedur.train.refresh import refresh_pseudo_labels
+from fedur.train.refresh import Ask, refresh_pseudo_labels
 from fedur.train.round_metrics import RoundOutcome
-from fedur.train.server import exchange, keep_global
+from fedur.train.server import exchange
 from fedur.train.state import RunState
-from fedur.train.uploads import UploadRules
 
 INT64_BYTES = 8
 
@@ -40,41 +38,33 @@ class RoundPlan:
     global_model: bool  # evaluation.global_model
     train_sizes: Tensor  # (K,) every client's train images
     train_labels: np.ndarray | None  # every train row's true label, for the refresh's monitoring only (None: none)
-    rules: UploadRules  # who answers, when, honestly, and how the server combines them (federation.drop_rate ...)
+    channel: Channel  # the one door for what clients send: draw, clock, adversary, noise, reducer (fedur/channel/)
+
+    def refreshes(self, round_idx: int, labeller) -> bool:
+        """Whether round `round_idx` (from 0) begins with a pseudo-label refresh."""
+        return labeller is not None and round_idx % self.refresh_every == 0
 
 
 def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> RoundOutcome:
-    """Round `round_idx` (from 0): `state` and the hosted clients change in place. Every rank calls this."""
-    method, labeller, training = host.method, host.tuner.labeller, host.training
+    """Round `round_idx` (from 0): refresh -> draw -> train -> send -> aggregate -> evaluate. `state` and the hosted
+    clients change in place. Every rank calls this."""
+    method, labeller, channel = host.method, host.tuner.labeller, plan.channel
     clock = PhaseClock()
-    refreshed = labeller is not None and round_idx % plan.refresh_every == 0
-    rules = plan.rules
+    refreshed = plan.refreshes(round_idx, labeller)
     if refreshed:
-        state.refresh = refresh_pseudo_labels(host, round_idx == 0, round_idx // plan.refresh_every, labeller,
-                                              len(host.dataset.train), plan.train_labels,
-                                              rules.at_refresh(round_idx, host.num_clients), state.privacy)
+        ask = Ask(round_idx, round_idx // plan.refresh_every, zero_shot=round_idx == 0, n_total=len(host.dataset.train))
+        state.refresh = refresh_pseudo_labels(host, labeller, channel, ask, plan.train_labels)
     clock.lap("refresh")
 
     drawn = take_part(host, state, round_idx, plan)  # who is asked, their weights, who will arrive (and when)
-    joined, weights, arrivals, piece_bytes = drawn.joined, drawn.weights, drawn.arrivals, drawn.piece_bytes
-    private = state.privacy  # privacy.mode central | local (None: off)
     started = {c.client_id: c.pieces for c in host.clients}  # before local training, for the divergence
-    trained = weights > 0  # lost and late uploads were trained all the same (a late one: as far as its budget)
-    local_losses, local = train_clients(host, state, round_idx, weights, plan, drawn.budgets) if method.trains else ({}, {})
+    local_losses, local = train_clients(host, state, round_idx, drawn, plan) if method.trains else ({}, {})
     clock.lap("train")
 
-    # the clients' raw updates are no release of a private run: no divergence of them
-    divergence = prompt_divergence(host, started, weights) if private is None else {}
-    weights = (joined & arrivals.accepted).to(weights.dtype) if private is not None else weights * arrivals.accepted
-    kept = int(arrivals.accepted.sum()) < rules.min_uploads  # too few uploads: the global state stays
-    if kept:
-        method_metrics = keep_global(host, state.server)
-    else:
-        method_metrics = exchange(host, state.server, weights, local, (round_idx + 1, plan.rounds), private,
-                                  int(joined.sum()), rules)
-    if private is not None:
-        private.record(joined, refreshed)
-    state.virtual_seconds += arrivals.round_seconds
+    divergence = prompt_divergence(host, started, drawn.weights, channel)
+    method_metrics = exchange(host, state.server, channel, drawn, local, (round_idx + 1, plan.rounds))
+    channel.record(drawn.joined, refreshed)
+    state.virtual_seconds += drawn.arrivals.round_seconds
     clock.lap("aggregate")
 
     evaluation = evaluate_round(host, state.server, with_confusion=round_idx == plan.rounds - 1,
@@ -82,72 +72,50 @@ def run_round(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> R
     losses = host.gather(local_losses, like=torch.zeros(4, dtype=torch.float64, device="cpu"), what="local losses")
     clock.lap("evaluate")
 
-    cooperative = labeller is not None and labeller.cooperative
-    per_refresh = (2 if cooperative else 1) if private is None else private.releases.histograms_per_refresh
-    histograms = per_refresh * host.model.num_classes * INT64_BYTES  # (privacy: float64, as many bytes)
-    uploads = arrivals.answered * sum(piece_bytes.values()) + (histograms * training if refreshed else 0)  # (lost: sent)
+    histograms = channel.histograms_per_refresh(labeller) * host.model.num_classes * INT64_BYTES  # (privacy: float64)
+    uploads = drawn.arrivals.answered * sum(drawn.piece_bytes.values()) + (histograms * host.training if refreshed else 0)
     return RoundOutcome(
-        round_idx=round_idx, rounds=plan.rounds, refreshed=refreshed, refresh=state.refresh, joined=joined,
-        weights=weights, accuracy=evaluation.accuracy, confusion=evaluation.confusion, losses=losses, uploads=uploads,
-        seconds=clock.total(), phase_seconds=clock.laps, trains=method.trains, piece_bytes=piece_bytes,
-        method_metrics=method_metrics, divergence=divergence, training=training, global_counts=evaluation.global_counts,
-        held_out_counts=evaluation.held_out, privacy=None if state.privacy is None else state.privacy.round_record(),
-        arrivals=arrivals, trained=trained if method.trains else None, kept_global=kept,
-        virtual_clock=state.virtual_seconds, poisoned=[k for k in rules.attackers if bool(arrivals.accepted[k])],
+        round_idx=round_idx, rounds=plan.rounds, refreshed=refreshed, refresh=state.refresh, joined=drawn.joined,
+        weights=channel.taken(drawn.weights, drawn.joined, drawn.arrivals), accuracy=evaluation.accuracy,
+        confusion=evaluation.confusion, losses=losses, uploads=uploads, seconds=clock.total(), phase_seconds=clock.laps,
+        trains=method.trains, piece_bytes=drawn.piece_bytes, method_metrics=method_metrics, divergence=divergence,
+        training=host.training, global_counts=evaluation.global_counts, held_out_counts=evaluation.held_out,
+        privacy=channel.round_record(), arrivals=drawn.arrivals,
+        trained=drawn.weights > 0 if method.trains else None, kept_global=channel.kept_global(drawn.arrivals),
+        virtual_clock=state.virtual_seconds, poisoned=channel.adversary.accepted(drawn.arrivals.accepted),
     )
 
 
-@dataclass(frozen=True)
-class Drawn:
-    """Who takes part in a round, before anyone trains (rows are client ids)."""
-
-    joined: Tensor  # (K,) bool: drawn (asked, with over-selection)
-    weights: Tensor  # (K,) the aggregation weight of each one that trains (0: sits out, or has nothing to train on)
-    arrivals: Arrivals  # who will be lost, late or taken, and when (fedur/federated/clock.py)
-    budgets: Tensor | None  # (K,) int64 the steps each may take (-1: all; None: no deadline cuts any)
-    piece_bytes: dict[str, int]  # {name: bytes} of one client's upload
-
-
 def take_part(host: Host, state: RunState, round_idx: int, plan: RoundPlan) -> Drawn:
-    """Draw the round's participants (Method.participants, or privacy's own draw; over-selection asks more), weigh
-    them (Method.client_weights; 0 without a pseudo-label: nothing to train on, nothing to upload), and decide on the
-    virtual clock who will be lost, late or cut short (fedur/train/uploads.py). Every rank calls this."""
-    method, rules, private = host.method, plan.rules, state.privacy
+    """Draw the round's participants (the channel's draw: Method.participants, or privacy's own), weigh them
+    (Method.client_weights; 0 without a pseudo-label: nothing to train on, nothing to upload), and decide on the
+    virtual clock who will be lost, late or cut short (fedur/channel/clock.py). Every rank calls this."""
+    method, channel = host.method, plan.channel
     num_training = int(host.training.sum())  # the others: evaluation.new_clients
     joined = torch.zeros(host.num_clients, dtype=torch.bool, device="cpu")  # drawn among the training clients only
-    rate = rules.join_rate(plan.join_rate, num_training)  # federation.over_select asks more than it takes
-    joined[:num_training] = (method.participants(round_idx, num_training, rate, plan.seed) if private is None
-                             else private.participants(round_idx, num_training))  # privacy: from its secret seed
+    joined[:num_training] = channel.participants(method, round_idx, num_training, plan.join_rate, plan.seed)
     selected = None if state.refresh is None else state.refresh.selected.sum(dim=1)
     weights = method.client_weights(selected, plan.train_sizes) * joined  # 0 for the clients that sit out,
     if selected is not None:  # and for those without a pseudo-label
         weights = weights * (selected > 0)
-    piece_bytes = state.server.upload_bytes()
-    # privacy: every drawn client uploads (a zero update without pseudo-labels), with the same weight
-    uploading = joined.clone() if private is not None else weights > 0
-    wanted = math.ceil(plan.join_rate * num_training) if plan.join_rate < 1 else num_training
-    arrivals = rules.arrivals(round_idx, uploading, selected if method.trains else None, sum(piece_bytes.values()), wanted)
-    budgets = None
-    if rules.late == "partial":  # a late client trains the steps it can finish in time (none: it does not train)
-        budgets = torch.where(arrivals.late, arrivals.budget, -1)
-        weights = weights * (budgets != 0)
-    return Drawn(joined, weights, arrivals, budgets, piece_bytes)
+    return channel.draw(round_idx, joined, weights, selected if method.trains else None, state.server.upload_bytes(),
+                        wanted(plan.join_rate, num_training))
 
 
-def train_clients(host: Host, state: RunState, round_idx: int, weights: Tensor, plan: RoundPlan,
-                  budgets: Tensor | None = None) -> tuple[dict[int, Tensor], dict[int, LocalRound]]:
+def train_clients(host: Host, state: RunState, round_idx: int, drawn: Drawn,
+                  plan: RoundPlan) -> tuple[dict[int, Tensor], dict[int, LocalRound]]:
     """Local training of this rank's clients that take part (weight > 0), unit by unit (fedur/train/local.py), each
-    for at most its `budgets` entry of local steps ((K,) int64, -1: all; None: all its steps; federation.late partial).
+    for at most the local steps the clock leaves it (`Drawn.limit`).
 
     Returns each trained client's (mean loss, loss_pos, loss_neg, first learning rate) and its LocalRound (what
     the method's upload sees of its training). SGD momentum starts fresh (optim.optimizer_state reset), from the
     client's own (client), or from the one the previous client handed on (shared; `state.carried_optimizer`).
     """
     losses, local, mode = {}, {}, plan.optimizer_state
-    joined = [c for c in host.clients if weights[c.client_id] > 0]
+    joined = [c for c in host.clients if drawn.weights[c.client_id] > 0]
     for unit in host.progress.iterate(host.units(joined), f"round {round_idx + 1} clients"):
         starts = [{"reset": None, "client": c.optimizer_state, "shared": state.carried_optimizer}[mode] for c in unit]
-        limits = None if budgets is None else [None if budgets[c.client_id] < 0 else int(budgets[c.client_id]) for c in unit]
+        limits = [drawn.limit(c.client_id) for c in unit]
         for client, result in zip(unit, train_unit(host, unit, round_idx, starts, plan.optim, state.class_weights, limits)):
             client.optimizer_state = result.optimizer_state if mode == "client" else None
             state.carried_optimizer = result.optimizer_state if mode == "shared" else None
@@ -157,11 +125,14 @@ def train_clients(host: Host, state: RunState, round_idx: int, weights: Tensor, 
     return losses, local
 
 
-def prompt_divergence(host: Host, started: dict[int, dict[str, Tensor]], weights: Tensor) -> dict[str, dict]:
+def prompt_divergence(host: Host, started: dict[int, dict[str, Tensor]], weights: Tensor, channel: Channel) -> dict[str, dict]:
     """How far apart the clients' local updates of each piece are, before aggregation (the paper's Fig. 2):
     {piece: {"drift_diversity", "cosine_distance"}} over the clients that trained, for every piece local SGD trains
-    (a piece it does not train, pFedMoAP's downloaded experts, has no local update). Every rank calls this."""
+    (a piece it does not train, pFedMoAP's downloaded experts, has no local update); none where the channel releases
+    nothing of the raw updates (privacy). Every rank calls this."""
     out = {}
+    if not channel.reports_updates:
+        return out
     declared = host.method.pieces()
     for name in host.start:  # every declared piece
         if not declared[name].trains or host.start[name].numel() == 0:

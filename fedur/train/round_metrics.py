@@ -1,4 +1,6 @@
-"""What a round reports (one line of metrics.jsonl) and what the run summary adds for domain splits."""
+"""What a round reports (one line of metrics.jsonl) and what the run summary adds for domain splits. Every key of the
+line is declared in fedur/train/round_fields.py (what it is, its TensorBoard tags, its round-line piece, its
+fedur-report column)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from fedur.data.partition import client_domains
 from fedur.federated.clock import Arrivals
 from fedur.metrics import accuracies, harmonic_mean, mean, pooled
 from fedur.train.refresh import Refresh
+from fedur.train.round_fields import undeclared
 
 
 @dataclass(kw_only=True)
@@ -40,7 +43,7 @@ class RoundOutcome:
     privacy: dict | None = None  # privacy on: epsilon at delta after the round, the clip (Privacy.round_record)
     arrivals: Arrivals | None = None  # who was asked, lost, late, taken, and when (fedur/federated/clock.py)
     trained: Tensor | None = None  # (K,) bool: the clients that trained (None: those with weight > 0)
-    kept_global: bool = False  # fewer uploads than federation.min_uploads: the global state stayed
+    kept_global: bool = False  # fewer uploads than clock.min_uploads: the global state stayed
     virtual_clock: float = 0.0  # the run's virtual seconds after this round
     poisoned: list[int] | None = None  # the attackers whose upload the round took
 
@@ -65,7 +68,7 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
     new = torch.nonzero(~training).flatten().tolist()
     held_out = {name: None if counts is None else accuracies(counts.view(1, 2))[0]
                 for name, counts in (outcome.held_out_counts or {}).items()}
-    return {
+    row = {
         "round": outcome.round_idx + first_round,
         "rounds": rounds,
         "mean_accuracy": personal,  # personal: the plain mean over the training clients of each one's own test accuracy
@@ -106,6 +109,9 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
         **(outcome.privacy or {}),  # privacy on: "epsilon" (at "delta") spent so far, "clip" (and per client, local)
         **(answers(outcome.arrivals, outcome) if outcome.arrivals is not None else {}),
     }
+    if undeclared(row):  # internal: a key without its declaration (what it is, where it is shown)
+        raise RuntimeError(f"metrics.jsonl keys {undeclared(row)} are not declared in fedur/train/round_fields.py")
+    return row
 
 
 def ids(mask: Tensor) -> list[int]:
@@ -117,14 +123,14 @@ def answers(arrivals: Arrivals, outcome: RoundOutcome) -> dict:
     return {
         "asked": ids(arrivals.asked),  # drawn and uploading (privacy: every drawn client)
         "answered": ids(arrivals.answered),  # whose upload arrived, in time or late
-        "dropped": ids(arrivals.lost),  # trained and sent; the upload was lost (federation.drop_rate)
-        "late": ids(arrivals.late),  # past the deadline: left out, or cut short (federation.late partial)
-        "surplus": ids(arrivals.surplus),  # arrived after the first wanted ones (federation.over_select): not taken
+        "dropped": ids(arrivals.lost),  # trained and sent; the upload was lost (clock.drop_rate)
+        "late": ids(arrivals.late),  # past the deadline: left out, or cut short (clock.late partial)
+        "surplus": ids(arrivals.surplus),  # arrived after the first wanted ones (clock.over_select): not taken
         "accepted": ids(arrivals.accepted),  # whose upload the server aggregated (unless kept_global)
-        # whose pseudo-label histograms were lost at this round's refresh (federation.drop_rate)
+        # whose pseudo-label histograms were lost at this round's refresh (clock.drop_rate)
         "histograms_lost": ids(outcome.refresh.lost) if outcome.refreshed and outcome.refresh.lost is not None else [],
-        "attackers_accepted": outcome.poisoned or [],  # the attackers among them (federation.attackers)
-        "kept_global": outcome.kept_global,  # fewer than federation.min_uploads: nothing aggregated
+        "attackers_accepted": outcome.poisoned or [],  # the attackers among them (adversary.attackers)
+        "kept_global": outcome.kept_global,  # fewer than clock.min_uploads: nothing aggregated
         "virtual_seconds": arrivals.round_seconds,  # the round's virtual duration
         "virtual_clock": outcome.virtual_clock,  # the run's, after this round
         "deadline_seconds": arrivals.deadline_seconds,

@@ -19,10 +19,10 @@ import fnmatch
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from fedur.config import DIGEST, FILE_SETTINGS, FederationConfig, file_digest, plugin_described
+from fedur.config import DIGEST, FILE_SETTINGS, GROUPS, file_digest, plugin_described, renamed
 from fedur.errors import FedurError
 from fedur.train import checkpoint
 
@@ -37,8 +37,11 @@ LAYOUT: dict[str, str] = {
     "partition_test.png": "client x class heatmap of the test split",
     "zero_shot.json": "zero-shot CLIP per client and on the whole test set",
     "confusion.json": "the final round's confusion matrix",
-    "accuracy_virtual_time.png": "accuracy against the virtual clock (federation.speeds, deadline, drop_rate ...)",
+    "accuracy_virtual_time.png": "accuracy against the virtual clock (clock.speeds, deadline, drop_rate ...)",
     "tensorboard": "TensorBoard events",
+    "csv": "run.loggers csv: scalars.csv, the figures, settings.json",
+    "wandb": "run.loggers wandb: the Weights & Biases run (offline unless WANDB_MODE says otherwise)",
+    "mlruns": "run.loggers mlflow: the MLflow file store (unless MLFLOW_TRACKING_URI names another)",
     "prompts": "the final prompts: global.pt and client_XXX.pt",
     "predictions": "data without labels: each client's predicted class per image, client_XXX.csv",
     checkpoint.CHECKPOINTS: "a committed checkpoint after each round",
@@ -186,10 +189,8 @@ ADDED_SETTINGS = {
     "optim.warmup_epochs": 0,
     "optim.warmup_lr": 1e-5,
     "privacy.mode": "none",
-    **{f"federation.{key}": getattr(FederationConfig, key) for key in (  # clients that drop, lag, misbehave: their defaults
-        "drop_rate", "speeds", "speed_spread", "bandwidth", "deadline", "deadline_unit", "late", "over_select",
-        "min_uploads", "attackers", "attack", "attack_scale", "aggregator", "trim", "krum_malicious", "krum_keep",
-        "clip_norm")},
+    **{f"{group}.{f.name}": f.default for group in ("clock", "adversary", "aggregator")  # clients that drop, lag,
+       for f in fields(GROUPS[group])},  # misbehave, and the aggregator: their defaults
 }
 
 
@@ -203,7 +204,7 @@ def changed_settings(saved: dict, now: dict) -> dict[str, tuple]:
     checkpoint older than a setting counts as its `added_settings` value). Values are compared as JSON stores them
     (a tuple now equals the list a marker holds)."""
     now = json.loads(json.dumps(now))
-    saved = {**{key: value for key, value in added_settings(now).items() if key in now}, **saved}
+    saved = {**{key: value for key, value in added_settings(now).items() if key in now}, **renamed(saved)}
     for key in FILE_SETTINGS:  # a checkpoint from before file settings were digests holds the path: read it now
         if isinstance(saved.get(key), str) and not saved[key].startswith(DIGEST):
             saved[key] = file_digest(saved[key])

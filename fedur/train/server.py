@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from fedur.channel.stage import Exchange
 from fedur.errors import PluginError
 from fedur.federated.client import check_tensors
 from fedur.methods.base import Aggregated, LocalRound, Method, ServerRound, shared_names
 
 if TYPE_CHECKING:
+    from fedur.channel import Channel, Drawn
     from fedur.model.classifier import PromptedCLIP
-    from fedur.privacy import Privacy
     from fedur.train.host import Host
-    from fedur.train.uploads import UploadRules
 
 
 @dataclass
@@ -40,71 +40,51 @@ class ServerState:
         return {name: t.numel() * t.element_size() for name, t in {**self.shared, **self.messages}.items()}
 
 
-def exchange(host: Host, server: ServerState, weights: Tensor, local: dict[int, LocalRound], round_of: tuple[int, int],
-             privacy: Privacy | None = None, drawn: int = 0, rules: UploadRules | None = None) -> dict:
-    """The clients with weight > 0 upload (Method.upload; `local`: their training this round), every rank gathers
-    the uploads of each shared piece and message in client-id order (or, for those in Method.summed, their sum, in
-    client-id order and in chunks of clients), the method aggregates them into the new global pieces, its server
-    state and the round's metrics (returned), and every client, also one that sat the round out, downloads them.
-    Every rank calls this. `round_of`: (the round from 1, rounds). With `privacy`, what leaves a client's rank is its
-    clipped (local: and noised) update, and the method aggregates the private rows (fedur/privacy/releases.py;
-    `drawn`: the clients drawn to take part). `rules` (fedur/train/uploads.py): what an attacker sends in place of its
-    upload, and the aggregator's rows (federation.aggregator; a method's summed uploads pass as they are)."""
+def exchange(host: Host, server: ServerState, channel: Channel, drawn: Drawn, local: dict[int, LocalRound],
+             round_of: tuple[int, int]) -> dict:
+    """The round's exchange, the one path whatever is on (fedur/channel/): the clients whose upload the server takes
+    (Channel.taken) upload (Method.upload; `local`: their training this round; one that trained nothing sends its
+    pieces as downloaded and zero messages), each send leaves its rank through the channel (an attacker's in place of
+    its own, clipped and noised under privacy), every rank gathers the sends of each shared piece and message in
+    client-id order (or, for those in Method.summed, their sum, in client-id order and in chunks of clients), the
+    channel releases the rows the method aggregates into the new global pieces, its server state and the round's
+    metrics (returned), and every client, also one that sat the round out, downloads them. A round with fewer uploads
+    than clock.min_uploads keeps the global state. Every rank calls this. `round_of`: (the round from 1, rounds)."""
     method, data = host.method, host.client_data
     (number, rounds), expected = round_of, {**server.shared, **server.messages}
-    local_uploads = {}
-    trained = lambda c: privacy is None or c.client_id in local or not method.trains  # noqa: E731
-    for client in (c for c in host.clients if weights[c.client_id] > 0 and trained(c)):  # (privacy: a drawn client
-        # that trained nothing sends a zero update, private_exchange)
-        upload = method.upload(client, data, local.get(client.client_id))
-        if set(upload) != set(expected):
-            raise PluginError(f"{type(method).__name__}.upload of client {client.client_id} sent {sorted(upload)}; it must "
-                             f"send one tensor per shared piece and message: {sorted(expected)}")
-        check_tensors(client.extra, f"{type(method).__name__}.upload's client.extra")
-        local_uploads[client.client_id] = upload if rules is None else rules.poison(client.client_id, number - 1, upload, server.shared)
-    if privacy is not None:
-        return private_exchange(host, server, weights, local_uploads, expected, round_of, privacy, drawn)
-    uploads = {}  # {name: (K, *shape)}, or the (*shape) sum over the clients that took part for method.summed
-    for name, like in expected.items():
-        pieces, what = {k: upload[name] for k, upload in local_uploads.items()}, f"{name} uploads"
-        if name in method.summed:
-            uploads[name] = host.collectives.sum_clients(pieces, host.num_clients, like, weights > 0, what)
-        else:
-            uploads[name] = host.gather(pieces, like=like, what=what)
-    robust = {}
-    if rules is not None and rules.aggregator != "mean":
-        current = {name: server.shared[name] for name in server.shared if name not in method.summed}
-        uploads, weights, robust = rules.robust(uploads, weights, current)
-    metrics = aggregate(host, server, uploads, weights, number, rounds)
-    return {**metrics, **{f"{rules.aggregator}/{k}": v for k, v in robust.items()}}
-
-
-def private_exchange(host: Host, server: ServerState, weights: Tensor, local_uploads: dict[int, dict[str, Tensor]],
-                     expected: dict[str, Tensor], round_of: tuple[int, int], privacy: Privacy, drawn: int) -> dict:
-    """`exchange` with privacy on: every drawn client's (weight > 0) update clipped (and noised, local) on its rank, a
-    zero update where it trained nothing (no pseudo-labels), gathered as float64 with whether its norm was within the
-    clip (adaptive clipping's count); then the rows the method aggregates. `round_of`: (the round from 1, rounds)."""
-    number, rounds = round_of
-    updates, within = {}, {}
+    if channel.kept_global(drawn.arrivals):
+        return keep_global(host, server)
+    weights = channel.taken(drawn.weights, drawn.joined, drawn.arrivals)
+    sends = {}
     for client in (c for c in host.clients if weights[c.client_id] > 0):
         k = client.client_id
-        upload = local_uploads.get(k) or {  # none: its pieces as downloaded, its messages zero (an update of zeros)
-            name: server.shared[name] if name in server.shared else torch.zeros_like(like) for name, like in expected.items()}
-        updates[k], inside = privacy.client_update(upload, server.shared, k, number - 1)
-        within[k] = torch.tensor(int(inside), device="cpu")
-    gathered = {name: host.gather({k: u[name] for k, u in updates.items()}, like=like.double(), what=f"{name} updates")
-                for name, like in expected.items()}
-    inside = host.gather(within, like=torch.tensor(0, device="cpu"), what="updates within the clip").bool() if privacy.adaptive else None
-    uploads = privacy.server_uploads(gathered, server.shared, expected, weights > 0, drawn, inside, number - 1)
-    return aggregate(host, server, uploads, weights, number, rounds)
+        upload = method.upload(client, data, local.get(k)) if k in local or not method.trains else \
+            {name: server.shared[name] if name in server.shared else torch.zeros_like(like) for name, like in expected.items()}
+        if set(upload) != set(expected):
+            raise PluginError(f"{type(method).__name__}.upload of client {k} sent {sorted(upload)}; it must send one "
+                              f"tensor per shared piece and message: {sorted(expected)}")
+        check_tensors(client.extra, f"{type(method).__name__}.upload's client.extra")
+        sends[k] = channel.leave(k, number - 1, upload, server.shared)
+    gathered = {}  # {name: (K, *shape)}, or the (*shape) sum over the taken clients for method.summed
+    for name, like in channel.wire(expected).items():
+        pieces, what = {k: send[name] for k, send in sends.items()}, f"{name} uploads"
+        if name in method.summed:
+            gathered[name] = host.collectives.sum_clients(pieces, host.num_clients, like, weights > 0, what)
+        else:
+            gathered[name] = host.gather(pieces, like=like, what=what)
+    exchanged = Exchange(dict(server.shared), expected, int(drawn.joined.sum()), number - 1)
+    rows, weights, metrics = channel.release(gathered, weights, exchanged)
+    released = ServerRound(number, rounds, rows, weights, dict(server.shared), dict(server.method), host.training,
+                           own_rows=channel.own_rows, rows_readable=channel.own_rows or method.reads_rows == "released",
+                           reducer=channel.reducer_name, summed=tuple(method.summed))
+    return {**aggregate(host, server, released), **metrics}
 
 
-def aggregate(host: Host, server: ServerState, uploads: dict[str, Tensor], weights: Tensor, number: int, rounds: int) -> dict:
-    """The method's aggregate of a round's gathered uploads; the new global pieces and server state; every client's
+def aggregate(host: Host, server: ServerState, released: ServerRound) -> dict:
+    """The method's aggregate of what a round released; the new global pieces and server state; every client's
     download; the round's metrics."""
     method = host.method
-    result = method.aggregate(ServerRound(number, rounds, uploads, weights, dict(server.shared), dict(server.method),
-                                          host.training))
+    result = method.aggregate(released)
     if not isinstance(result, Aggregated):
         raise PluginError(f"{type(method).__name__}.aggregate must return fedur.methods.Aggregated(shared, state, metrics), "
                         f"not {type(result).__name__}")
@@ -122,8 +102,8 @@ def aggregate(host: Host, server: ServerState, uploads: dict[str, Tensor], weigh
 
 
 def keep_global(host: Host, server: ServerState) -> dict:
-    """A round that aggregates nothing (fewer uploads than federation.min_uploads): the global pieces and the server's
-    state stay, and every client downloads them again."""
+    """A round that aggregates nothing (fewer uploads than clock.min_uploads): the global pieces and the server's state
+    stay, and every client downloads them again."""
     for client in host.clients:
         host.method.download(client, server.shared, server.method)
     return {}

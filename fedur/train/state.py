@@ -1,14 +1,15 @@
 """What every rank knows between rounds, for all clients, each part by its concern: the server's (the global pieces
 and the method's state, fedur/train/server.py), the pseudo-labels' last refresh (its counts and class weights,
-fedur/train/refresh.py), the momentum carried from client to client (optim.optimizer_state=shared), and the run's
-wall clock. A checkpoint's global.pt holds it (`state_dict`); each client's own state is in its own file."""
+fedur/train/refresh.py), the momentum carried from client to client (optim.optimizer_state=shared), the channel's
+stages' (privacy's ledger and clip, fedur/channel/), and the run's wall and virtual clocks. A checkpoint's global.pt
+holds it (`state_dict`); each client's own state is in its own file."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from fedur.channel import Channel
 from fedur.federated.client import momentum_only, to_cpu
-from fedur.privacy import Privacy
 from fedur.train.refresh import Refresh
 from fedur.train.server import ServerState
 
@@ -19,8 +20,9 @@ class RunState:
     refresh: Refresh | None = None  # the last pseudo-label refresh (None before the first, or without a labeller)
     carried_optimizer: dict | None = None  # optim.optimizer_state=shared: the momentum handed to the next client
     wall_seconds: float = 0.0  # over every session of the run, up to the last commit
-    privacy: Privacy | None = None  # privacy.mode central | local: the ledger of releases and the clip norm
-    virtual_seconds: float = 0.0  # the virtual clock (federation.speeds ...): the rounds' virtual durations so far
+    channel: Channel = field(default_factory=Channel.alone)  # its stages' state (privacy: the ledger, the clip)
+    virtual_seconds: float = 0.0  # the virtual clock (clock.speeds ...): the rounds' virtual durations so far
+    secret_seed: int | None = None  # the seed of the run's secret noise (privacy, DP-FPL's local noise; None: none)
 
     @property
     def class_weights(self):
@@ -36,7 +38,8 @@ class RunState:
             "wall_seconds": self.wall_seconds,
             "virtual_seconds": self.virtual_seconds,
             "method": {name: t.cpu() for name, t in self.server.method.items()},
-            **({} if self.privacy is None else {"privacy": self.privacy.state_dict()}),
+            **self.channel.state_dict(),
+            **({} if self.secret_seed is None else {"secret_seed": self.secret_seed}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -47,5 +50,6 @@ class RunState:
         self.carried_optimizer = momentum_only(state["carried_optimizer"])
         self.wall_seconds = state["wall_seconds"]
         self.virtual_seconds = state.get("virtual_seconds", 0.0)  # checkpoints before the virtual clock: from 0
-        if self.privacy is not None:
-            self.privacy.load_state_dict(state["privacy"])
+        self.channel.load_state_dict(state)
+        if self.secret_seed is not None:  # checkpoints from before it was kept apart: privacy's
+            self.secret_seed = int(state.get("secret_seed", state.get("privacy", {}).get("seed", self.secret_seed)))

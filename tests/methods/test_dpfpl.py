@@ -140,10 +140,11 @@ def stepped(method: DPFPL, prompt: torch.Tensor, grad: torch.Tensor, client_id: 
     """The local prompt's gradient after `method.before_step` on one step of a client holding run.seed 5."""
     local = prompt.clone().requires_grad_()
     local.grad = grad.clone()
-    extra = {"noise_seed": torch.tensor(5)} | ({} if round_idx is None else {"round": torch.tensor(round_idx)})
+    extra = {"noise_seed": torch.tensor(5)}
     client = ClientState(client_id, np.arange(2), np.arange(2), {"local_ctx": prompt}, extra=extra)
     optimizer = torch.optim.SGD([local], lr=0.1)
-    method.before_step(LocalStep(client, {"local_ctx": local}, ("text_ctx", "local_ctx"), step, 0, 0.1, optimizer))
+    method.before_step(LocalStep(client, {"local_ctx": local}, ("text_ctx", "local_ctx"), step, 0, 0.1, optimizer,
+                                 0 if round_idx is None else round_idx))
     return local.grad
 
 
@@ -204,7 +205,8 @@ def test_the_client_classifies_with_global_plus_local_the_originals_global_plus_
 
 def test_dpfpl_runs_through_the_round_loop(tmp_path):
     """One round of the tiny run: the global prompt averaged and downloaded by every client, each local prompt its
-    own, the round and run.seed kept with each client (checkpointed) for its next steps' streams."""
+    own, the round and the run's secret seed (local noise on: nobody with config.yaml can replay the noise) kept with
+    each client (checkpointed) for its next steps' streams."""
     from fedur.app.run import run
 
     cfg = parse_config(["--config", "configs/tiny.yaml", "--federation.rounds", "1", "--federation.local_epochs", "1",
@@ -216,6 +218,75 @@ def test_dpfpl_runs_through_the_round_loop(tmp_path):
     start = initial_values(DPFPL().pieces(), result.host.model, cfg.run.seed)["local_ctx"]
     locals_ = [c.pieces["local_ctx"] for c in clients]
     assert all(not torch.equal(a, start) for a in locals_) and not torch.equal(locals_[0], locals_[1])
-    assert all(int(c.extra["round"]) == 1 and int(c.extra["noise_seed"]) == cfg.run.seed for c in clients)
+    secret = result.host.secret_seed
+    assert secret is not None and secret != cfg.run.seed  # drawn from the operating system's randomness
+    assert all(int(c.extra["round"]) == 1 and int(c.extra["noise_seed"]) == secret for c in clients)
+    assert int(torch.load(tmp_path / "checkpoints" / "round_00001" / "global.pt", weights_only=True)["secret_seed"]) == secret
     saved = torch.load(tmp_path / "prompts" / "client_001.pt", weights_only=True)
     assert torch.equal(saved["local_ctx"], locals_[1]) and int(saved["round"]) == 1
+
+
+# ------------------------------------------------- the hook against the original's autograd path
+
+def the_originals_local_gradient(global_ctx, local_ctx, loss_of, rank, std, rng_state):
+    """The local prompt's gradient as the original computes it in one step, with torch's global generator in
+    `rng_state`: `PromptLearner.forward` (DP_FPL.py:166-172: U, V and the residual from `factorize_ctx`, U and V set
+    as the parameters' data, the context global + U V + residual), the backward of the loss (L266-270), U's and V's
+    gradients clipped to NORM_THRESH 10 and noised with N(0, std^2) when noise is on (L294-310, verbatim), and
+    `compute_full_grad` of them (L312-315)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(rng_state)
+        u, v, residual = factorize_ctx(local_ctx.detach().clone(), rank)
+        param_dict = {"prompt_learner.local_u_ctx": torch.nn.Parameter(u), "prompt_learner.local_v_ctx": torch.nn.Parameter(v)}
+        left, right = param_dict["prompt_learner.local_u_ctx"], param_dict["prompt_learner.local_v_ctx"]
+        loss_of(global_ctx + torch.matmul(left, right) + residual).backward()
+        if std > 0:
+            NORM_THRESH = 10.0  # noqa: N806  the original's cfg.NORM_THRESH
+            grad = param_dict['prompt_learner.local_u_ctx'].grad.data
+            norm = grad.norm(2)
+            if norm > NORM_THRESH:
+                scale = NORM_THRESH / norm
+                scale[scale>1] = 1
+                param_dict['prompt_learner.local_u_ctx'].grad *= scale
+            noise = torch.normal(0, std, size=grad.shape, device=grad.device)
+            param_dict['prompt_learner.local_u_ctx'].grad += noise
+            grad = param_dict['prompt_learner.local_v_ctx'].grad.data
+            norm = grad.norm(2)
+            if norm > NORM_THRESH:
+                scale = NORM_THRESH / norm
+                scale[scale>1] = 1
+                param_dict['prompt_learner.local_v_ctx'].grad *= scale
+            noise = torch.normal(0, std, size=grad.shape, device=grad.device)
+            param_dict['prompt_learner.local_v_ctx'].grad += noise
+        return compute_full_grad(left, right, torch.float32)
+
+
+@pytest.mark.parametrize("shape, rank, local_noise", [((4, 32), 2, 0.0), ((4, 32), 2, 1.0), ((16, 64), 8, 0.0),
+                                                      ((16, 64), 8, 0.5)])
+def test_before_step_is_the_originals_autograd_path_for_u_and_v(shape, rank, local_noise):
+    """fedur trains global + local and rebuilds local's gradient G in `before_step` (g_U = G V^T, g_V = U^T G, then
+    clipped, noised and recombined); the original trains global + U V + residual and reads U's and V's gradients from
+    autograd. With the original's draws taken from the step's stream (its test matrix, then U's noise, then V's, the
+    order of both), the two give the local prompt the same gradient, in float32 as the original's PREC "fp32": within
+    4 float32 epsilons of the largest entry (measured: 1.5e-8 to 3.0e-7, at largest entries 0.057 to 2.3)."""
+    from fedur.federated.streams import step_generator
+
+    generator = torch.Generator().manual_seed(31)
+    n_ctx, width = shape
+    global_ctx, local_ctx = 0.02 * torch.randn(shape, generator=generator), 0.02 * torch.randn(shape, generator=generator)
+    classes, projection = torch.randn(5, n_ctx, width, generator=generator), torch.randn(width, 8, generator=generator)
+    images, labels = torch.nn.functional.normalize(torch.randn(6, 8, generator=generator), dim=-1), torch.tensor([0, 1, 2, 3, 4, 0])
+
+    def loss_of(context):  # (n_ctx, width) -> a stand-in text tower's cross-entropy
+        features = torch.nn.functional.normalize(torch.tanh(context + classes).mean(dim=1) @ projection, dim=-1)  # (5, 8)
+        return torch.nn.functional.cross_entropy(30 * images @ features.t(), labels)
+
+    local = local_ctx.clone().requires_grad_()
+    loss_of(global_ctx + local).backward()
+    ours = stepped(DPFPL(rank=rank, local_noise=local_noise), local_ctx, local.grad, client_id=2, step=7)
+    state = step_generator(5, 2, 3, 7).get_state()  # stepped's client: run.seed 5, client 2, round 3, step 7
+    theirs = the_originals_local_gradient(global_ctx, local_ctx, loss_of, rank, local_noise * 10.0, state)
+    error = float((ours - theirs).abs().max())
+    largest = float(theirs.abs().max())
+    assert error <= 4 * torch.finfo(torch.float32).eps * largest, (error, largest)  # float32 rounding: 1.5e-8 to 3.0e-7
+    assert float(theirs.abs().max()) > 1e-4  # a gradient, not zeros

@@ -2,7 +2,7 @@
 (tests/test_system.py). Its metrics: "uploads", how many clients the round's ServerRound holds, and "who", their ids
 as a bit mask (sum of 2^k).
 
-    python fedur/main.py --config configs/tiny.yaml --method tests.plugins.witness.Witness --federation.drop_rate 0.5
+    python fedur/main.py --config configs/tiny.yaml --method tests.plugins.witness.Witness --clock.drop_rate 0.5
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ fedur-private-central and scaffold-private-local in tests/shared_runs.py.)"""
 
 import io
 import json
+import math
 import shutil
 from contextlib import redirect_stderr, redirect_stdout
 
@@ -22,10 +23,11 @@ CENTRAL = ["--privacy.mode", "central", "--privacy.noise_multiplier", "2", "--fe
 
 def library_epsilon(rounds: int, refreshes: int) -> float:
     """The tiny run's releases composed by hand: 3 of its 4 clients drawn without replacement each round (z = 2 on
-    a sum of sensitivity 2C: 1), and at each refresh CoDPL's two histograms (z_h = 2, sensitivity 2B: 1)."""
+    a sum of sensitivity 2C: 1), and at each refresh CoDPL's two histograms (z_h = 2 on non-negative histograms,
+    sensitivity sqrt(2) B: sqrt(2))."""
     acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(4, 3, dp_accounting.GaussianDpEvent(1.0)), rounds)
-    acc.compose(dp_accounting.GaussianDpEvent(1.0), 2 * refreshes)
+    acc.compose(dp_accounting.GaussianDpEvent(2 / math.sqrt(2)), 2 * refreshes)
     return acc.get_epsilon(1e-5)
 
 

@@ -36,22 +36,23 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     for folder in (straight, resumed):
         folder.mkdir()
-    recorder = Recorder(RunDir(straight), enabled=True)
+    loggers = ("tensorboard", "csv")
+    recorder = Recorder(RunDir(straight), enabled=True, loggers=loggers)
     recorder.record_zero_shot(ZERO_SHOT)
     for r, acc in enumerate(ACCURACY):
         recorder.record_round(row(r, acc))
     recorder.finish({"seed": 1}, {})
 
-    stopped = Recorder(RunDir(resumed), enabled=True)  # stops after round index 2, in the middle of writing round 3
+    stopped = Recorder(RunDir(resumed), enabled=True, loggers=loggers)  # stops after round index 2, in the middle of writing round 3
     stopped.record_zero_shot(ZERO_SHOT)
     for r, acc in enumerate(ACCURACY[:2] + [[99.0, 99.0]]):  # round 2 logged, then lost with the checkpoint
         stopped.record_round(row(r, acc))
-    stopped.tensorboard.experiment.flush()
+    stopped.sinks[0].flush()
     with open(resumed / "metrics.jsonl", "a") as f:
         f.write('{"round": 4, "mean_acc')
 
     history = RunDir(resumed).history(2, cut=True)  # the last checkpoint holds rounds 0 and 1
-    again = Recorder(RunDir(resumed), True, history, start_round=2)
+    again = Recorder(RunDir(resumed), True, history, start_round=2, loggers=loggers)
     assert [r["round"] for r in again.rounds] == [1, 2] and again.zero_shot == recorder.zero_shot
     assert len((resumed / "metrics.jsonl").read_text().splitlines()) == 2
     again.record_zero_shot(ZERO_SHOT)  # logged before: not again
@@ -64,6 +65,70 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
     expected = [(0, 20.0), (1, 30.0), (2, 40.0), (3, 52.5), (4, 52.5)]
     assert scalar_curve(straight / "tensorboard", "accuracy/mean", digits=4) == expected
     assert scalar_curve(resumed / "tensorboard", "accuracy/mean", digits=4) == expected  # 99.0 at step 3 is purged
+    for run in (straight, resumed):  # the CSV tracker's too: its rows after the kept rounds cut on resume
+        rows = [line.split(",") for line in (run / "csv" / "scalars.csv").read_text().splitlines()[1:]]
+        assert [(int(s), round(float(v), 4)) for s, tag, v in rows if tag == "accuracy/mean"] == expected
+
+
+class StillClock:
+    """time.time and time.sleep of a machine whose clock stands still but for sleeps."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_resume_in_the_second_of_the_interrupted_writer_is_read_after_it(tmp_path, monkeypatch):
+    """TensorBoard reads a run's event files in name order, events.out.tfevents.<second>.<host>.<pid>.<counter>; in one
+    process, within one second, the order is the counter's as text: a resumed writer numbered 10 after an interrupted
+    one numbered 9 would be read first, and TensorBoard would show the interrupted run's points after the resumed
+    ones (the purge_step of the resumed file comes before them). The resumed writer waits for the next second."""
+    import time
+
+    from tensorboard.summary.writer import event_file_writer
+
+    clock = StillClock(1_700_000_000.25)  # both writers in this second, unless one waits
+    monkeypatch.setattr(time, "time", clock.time)
+    monkeypatch.setattr(time, "sleep", clock.sleep)
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(9))  # ".9", then ".10"
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    stopped = Recorder(RunDir(resumed), enabled=True)
+    stopped.record_zero_shot(ZERO_SHOT)
+    for r, acc in enumerate(ACCURACY[:2] + [[99.0, 99.0]]):  # round 3 logged, then lost with the checkpoint
+        stopped.record_round(row(r, acc))
+    stopped.sinks[0].flush()
+    again = Recorder(RunDir(resumed), True, RunDir(resumed).history(2, cut=True), start_round=2)
+    for r in (2, 3):
+        again.record_round(row(r, ACCURACY[r]))
+    again.finish({"seed": 1}, {})
+
+    files = [p.name for p in (resumed / "tensorboard").glob("events.out.tfevents.*")]
+    by_name = sorted(files)
+    assert [name.rsplit(".", 1)[1] for name in by_name] == ["9", "10"], by_name  # the order they were written in
+    assert scalar_curve(resumed / "tensorboard", "accuracy/mean", digits=4) == [(0, 20.0), (1, 30.0), (2, 40.0), (3, 52.5),
+                                                                                (4, 52.5)]
+
+
+def test_a_resume_behind_the_interrupted_machines_clock_says_so_without_waiting(tmp_path, monkeypatch):
+    """Event files named 10 minutes ahead (another machine's clock): waiting would not do, the run says what it means."""
+    import time
+
+    from fedur.train.sinks import TensorBoard
+
+    clock = StillClock(1_700_000_000.0)
+    monkeypatch.setattr(time, "time", clock.time)
+    monkeypatch.setattr(time, "sleep", clock.sleep)
+    (tmp_path / "events.out.tfevents.1700000600.elsewhere.4242.0").write_bytes(b"")
+    said = []
+    TensorBoard(tmp_path, purge_step=3, note=said.append)
+    assert clock.now == 1_700_000_000.0 and len(said) == 1
+    assert "600 s ahead of this machine's clock" in said[0] and "values from step 3 on" in said[0]
 
 
 def test_resume_without_the_rounds_it_needs_says_so(tmp_path):

@@ -68,6 +68,7 @@ class Column:
     presets: str = "presets"  # configs/<presets>/<method>.yaml: the baselines' own settings for this column
     value: str | None = None  # the summary.json key its cells show (ACCURACIES; a.b reads a nested one); None: the row's
     runs: str | None = None  # the key of the column whose runs its cells read (None: its own runs)
+    skip_rows: tuple[str, ...] = ()  # rows whose method its backbone cannot take (docs/backbones.md): no run, no cell
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,49 @@ def dirichlet_column(dataset: str, beta: str) -> Column:
 def quantity_column(dataset: str) -> Column:
     return Column(f"{dataset}-quantity", DATASET_LABELS[dataset], "quantity skew (20% of the classes per client)",
                   f"paper/table2/{dataset}-quantity.yaml", dataset, "quantity")
+
+
+# CoOp's eleven datasets (fedur/data/coop.py, imagenet.py) in Table 1's protocol: each dataset's main config (Dirichlet
+# beta 0.1, ViT-B/32; CoOp's split and template), DTD and UCF101 with CoOp's templates (fedur keeps FedCoPL's for them).
+COOP_DATASETS = ("imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers", "food101", "fgvc_aircraft",
+                 "sun397", "dtd", "eurosat", "ucf101")
+COOP_TEMPLATES = {"dtd": "{} texture.", "ucf101": "a photo of a person doing {}."}  # CoOp's trainers/zsclip.py
+COOP_COLUMNS = tuple(
+    Column(f"{d}-coop", dataset_classes()[d].label, "CoOp's datasets, Dirichlet β = 0.1 (ViT-B/32)", f"{d}.yaml", d, "beta0.1",
+           flags=("--data.template", COOP_TEMPLATES[d]) if d in COOP_TEMPLATES else ())
+    for d in COOP_DATASETS
+)
+COOP_NOTE = ("CoOp's eleven datasets with CoOp's splits, class names and templates (docs/datasets.md), each dataset's main "
+             "config: 10 clients (UCF101's 5), Dirichlet β = 0.1, 20 rounds x 10 local epochs. The paper reports none of "
+             "them.")
+
+# Backbone families (docs/backbones.md) in Table 1's protocol on CIFAR10 (β = 0.1): (open_clip model, pretrained tag,
+# label, what its towers take: tests/test_tables.py checks each against the model's skeleton). A row whose method needs
+# what a backbone does not take (FedUR's visual prompts on RN50, FedOTP's patch tokens on SigLIP) has no cell there.
+_ALL = frozenset({"text prompts", "deep text prompts", "visual prompts", "patch tokens"})
+BACKBONES = (
+    ("ViT-B-32", "openai", "OpenAI ViT-B/32", _ALL),
+    ("ViT-B-32", "metaclip_fullcc", "MetaCLIP ViT-B/32", _ALL),
+    ("ViT-B-16-quickgelu", "dfn2b", "DFN ViT-B/16", _ALL),
+    ("ViT-B-16-SigLIP", "webli", "SigLIP ViT-B/16", _ALL - {"patch tokens"}),
+    ("ViT-B-16-SigLIP2", "webli", "SigLIP 2 ViT-B/16", _ALL - {"patch tokens"}),
+    ("EVA02-B-16", "merged2b_s8b_b131k", "EVA02 ViT-B/16", _ALL),
+    ("PE-Core-B-16", "meta", "PE-Core B/16", _ALL - {"patch tokens"}),
+    ("RN50", "openai", "OpenAI RN50", _ALL - {"visual prompts"}),
+)
+
+
+def backbone_column(name: str, tag: str, label: str, takes: frozenset[str], rows: tuple[Row, ...]) -> Column:
+    from fedur.methods.backbones import method_needs
+
+    skip = tuple(r.key for r in rows if not method_needs(METHODS[r.key.split("+")[0]](), 5) <= takes)
+    return Column(f"cifar10-{name.lower()}-{tag}", label, "backbones: CIFAR10, Dirichlet β = 0.1", "cifar10.yaml", "cifar10",
+                  "beta0.1", flags=("--model.name", name, "--model.pretrained", tag), skip_rows=skip)
+
+
+BACKBONE_NOTE = ("CIFAR10's main config (10 clients, Dirichlet β = 0.1) on each backbone family with its open_clip weights; "
+                 "an empty cell: the method needs what the backbone's towers do not take (docs/backbones.md). The paper reports "
+                 "ViT-B/32 (Table 1) and ViT-B/16 (Table 8) only.")
 
 
 # Figure 3: the paper sweeps the number of clients (top row) and the joining rate (bottom row) on
@@ -337,15 +381,15 @@ PRIVACY_NOTE = ("demo: configs/smoke.yaml (4 clients, 5 rounds), each method wit
 # uploads lost, a deadline at 0.8 x the round's median time (late uploads dropped, or the partial work taken), and
 # over-selection (half the clients wanted, 3 of 4 asked, the first 2 taken). Each column with its virtual time.
 SYSTEM_METHODS = ("fedur", "fedcopl", "promptfl")
-SYSTEM_BASE = ("--federation.speeds", "lognormal", "--federation.bandwidth", "2000")
+SYSTEM_BASE = ("--clock.speeds", "lognormal", "--clock.bandwidth", "2000")
 SYSTEM_SETTINGS = (
     ("all", "all answer", ()),
-    ("drop20", "20% lost", ("--federation.drop_rate", "0.2")),
-    ("drop50", "50% lost", ("--federation.drop_rate", "0.5")),
-    ("deadline-drop", "deadline 0.8, drop", ("--federation.deadline", "0.8")),
-    ("deadline-partial", "deadline 0.8, partial", ("--federation.deadline", "0.8", "--federation.late", "partial")),
+    ("drop20", "20% lost", ("--clock.drop_rate", "0.2")),
+    ("drop50", "50% lost", ("--clock.drop_rate", "0.5")),
+    ("deadline-drop", "deadline 0.8, drop", ("--clock.deadline", "0.8")),
+    ("deadline-partial", "deadline 0.8, partial", ("--clock.deadline", "0.8", "--clock.late", "partial")),
     ("join50", "join 0.5", ("--federation.join_rate", "0.5")),
-    ("over-select", "join 0.5, over-select", ("--federation.join_rate", "0.5", "--federation.over_select", "0.5")),
+    ("over-select", "join 0.5, over-select", ("--federation.join_rate", "0.5", "--clock.over_select", "0.5")),
 )
 SYSTEM_OWNERS = tuple(Column(f"demo-system-{key}", label, "personal accuracy", "smoke.yaml", "synthetic", f"system-{key}",
                              (*SYSTEM_BASE, *flags), "presets/demo") for key, label, flags in SYSTEM_SETTINGS)
@@ -368,16 +412,16 @@ ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "n
 
 
 def robust_column(attack: str, aggregator: str) -> Column:
-    flags = ("--federation.aggregator", aggregator, "--federation.trim", "0.25")
+    flags = ("--aggregator.rule", aggregator, "--aggregator.trim", "0.25")
     if attack != "none":
-        flags += ("--federation.attackers", "1", "--federation.attack", attack)
+        flags += ("--adversary.attackers", "1", "--adversary.attack", attack)
     return Column(f"demo-robust-{attack}-{aggregator}", aggregator, f"attack: {attack}", "smoke.yaml", "synthetic",
                   f"robust-{attack}-{aggregator}", flags, "presets/demo")
 
 
 ROBUST_COLUMNS = tuple(robust_column(a, g) for a in ROBUST_ATTACKS for g in ROBUST_AGGREGATORS)
 ROBUST_NOTE = ("demo: configs/smoke.yaml (4 clients, 5 rounds), each method with its demo preset; one attacker "
-               "(federation.attackers 1) with the attack's default size (sign_flip -1 x, scale 10 x, gaussian N(0, 1), "
+               "(adversary.attackers 1) with the attack's default size (sign_flip -1 x, scale 10 x, gaussian N(0, 1), "
                "constant 1); personal accuracy (the attacker's own included).")
 
 GRIDS: dict[str, Grid] = {
@@ -456,6 +500,14 @@ GRIDS: dict[str, Grid] = {
     "demo-robust": Grid(
         "demo-robust", "Attacks against aggregators on the demo", tuple(own_row(m) for m in SYSTEM_METHODS), ROBUST_COLUMNS,
         ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(ROBUST_NOTE,), protocol="own",
+    ),
+    "coop": Grid(
+        "coop", "CoOp's eleven datasets in Table 1's protocol", PAPER_ROWS, COOP_COLUMNS, ("Method", "PL"), average=True,
+        notes=(COOP_NOTE,),
+    ),
+    "backbones": Grid(
+        "backbones", "Backbone families in Table 1's protocol (CIFAR10, β = 0.1)", PAPER_ROWS,
+        tuple(backbone_column(*b, PAPER_ROWS) for b in BACKBONES), ("Method", "PL"), notes=(BACKBONE_NOTE,),
     ),
     "tiny": Grid(
         "tiny", "tiny: the mechanics tests' model and data (does not learn)",
@@ -542,7 +594,8 @@ def expand(grid: Grid, seeds: list[int], out: Path, rows: list[str] | None = Non
     for column in grid.columns:
         for row in grid.rows:
             for seed in seeds:
-                if (rows is None or row.key in rows) and (columns is None or column.key in columns):
+                chosen = (rows is None or row.key in rows) and (columns is None or column.key in columns)
+                if chosen and row.key not in column.skip_rows:
                     specs.append(RunSpec(index, grid, row, column, seed, out))
                 index += 1
     return specs

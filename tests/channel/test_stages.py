@@ -1,5 +1,5 @@
-"""Where a round's uploads are decided (fedur/train/uploads.py): what an attacker sends, the aggregator's rows and
-weights on hand-written uploads, over-selection's rate, the streams of losses and speeds, and every refusal."""
+"""The channel's stages on hand-written uploads (fedur/channel/): what an attacker sends, the reducer's rows and
+weights, over-selection's rate, the streams of losses and speeds, and each stage's refusals."""
 
 import json
 
@@ -7,11 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedur.config import FederationConfig
+from fedur.channel import adversary, clock, defaults, reducer
+from fedur.channel.adversary import Adversary, AdversaryConfig
+from fedur.channel.clock import Clock, ClockConfig, client_speeds, read_speeds
+from fedur.channel.reducer import Reducer
+from fedur.channel.stage import Building
 from fedur.errors import ConfigError
 from fedur.federated import streams
 from fedur.federated.robust import coordinate_median
-from fedur.train.uploads import UploadRules, attacker_count, build, check_deadline, client_speeds, read_speeds
+from fedur.labels.base import PseudoLabels
 
 CURRENT = {"visual": torch.tensor([1.0, 1.0]), "deep": torch.tensor([[0.0]])}
 
@@ -23,17 +27,17 @@ def uploads(*rows):
 
 
 def test_mean_changes_nothing():
-    rules = UploadRules(seed=0)
-    got, weights, metrics = rules.robust(uploads([1, 2, 3], [4, 5, 6]), torch.tensor([1.0, 2.0]), CURRENT)
+    rules = Reducer()
+    got, weights, metrics = rules.reduce(uploads([1, 2, 3], [4, 5, 6]), torch.tensor([1.0, 2.0]), CURRENT)
     assert not rules.active and metrics == {} and weights.tolist() == [1.0, 2.0]
     assert torch.equal(got["visual"], uploads([1, 2, 3], [4, 5, 6])["visual"])
 
 
 def test_the_median_gives_every_taken_row_the_coordinate_median_and_leaves_the_others():
-    rules = UploadRules(seed=0, aggregator="median")
+    rules = Reducer("median")
     rows = uploads([1, 10, 0], [2, 20, 5], [100, -50, 9], [7, 7, 7])
     weights = torch.tensor([3.0, 1.0, 1.0, 0.0])  # client 3 sent nothing
-    got, same, _ = rules.robust(rows, weights, CURRENT)
+    got, same, _ = rules.reduce(rows, weights, CURRENT)
     assert torch.equal(same, weights)
     assert got["visual"][:3].tolist() == [[2.0, 10.0]] * 3 and got["deep"][:3].flatten().tolist() == [5.0] * 3
     assert got["visual"][3].tolist() == [7.0, 7.0]  # not taken: as it was
@@ -44,53 +48,56 @@ def test_the_median_gives_every_taken_row_the_coordinate_median_and_leaves_the_o
 
 
 def test_the_trimmed_mean_cuts_the_extremes_of_each_coordinate():
-    rules = UploadRules(seed=0, aggregator="trimmed_mean", trim=0.25)
-    got, _, _ = rules.robust(uploads([1, 0, 0], [2, 0, 0], [3, 0, 0], [100, 0, 0]), torch.ones(4), CURRENT)
+    rules = Reducer("trimmed_mean", trim=0.25)
+    got, _, _ = rules.reduce(uploads([1, 0, 0], [2, 0, 0], [3, 0, 0], [100, 0, 0]), torch.ones(4), CURRENT)
     assert got["visual"][:, 0].tolist() == [2.5] * 4
 
 
 def test_krum_keeps_the_honest_upload_and_multi_krum_the_honest_ones():
     rows = uploads([1, 1, 0], [1.1, 1, 0], [0.9, 1, 0], [50, -50, 9], [1, 1.2, 0])
     weights = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
-    krum = UploadRules(seed=0, aggregator="krum", krum_malicious=1)
-    got, kept, metrics = krum.robust(rows, weights, CURRENT)
-    assert int((kept > 0).sum()) == 1 and kept[3] == 0 and metrics == {"kept": 1}
+    krum = Reducer("krum", krum_malicious=1)
+    got, kept, metrics = krum.reduce(rows, weights, CURRENT)
+    assert int((kept > 0).sum()) == 1 and kept[3] == 0 and metrics == {"krum/kept": 1}
     assert torch.equal(got["visual"], rows["visual"])  # Krum chooses; the rows stay
-    multi = UploadRules(seed=0, aggregator="multi_krum", krum_malicious=1)
-    _, kept, metrics = multi.robust(rows, weights, CURRENT)
-    assert kept.tolist() == [1.0, 2.0, 3.0, 0.0, 5.0] and metrics == {"kept": 4}  # n - f, with their own weights
+    multi = Reducer("multi_krum", krum_malicious=1)
+    _, kept, metrics = multi.reduce(rows, weights, CURRENT)
+    assert kept.tolist() == [1.0, 2.0, 3.0, 0.0, 5.0] and metrics == {"multi_krum/kept": 4}  # n - f, with their own weights
 
 
 def test_norm_clipping_bounds_each_update_of_all_shared_pieces_together():
-    rules = UploadRules(seed=0, aggregator="norm_clip", clip_norm=1.0)
-    got, _, metrics = rules.robust(uploads([4, 1, 0], [1.5, 1, 0]), torch.ones(2), CURRENT)
+    rules = Reducer("norm_clip", norm_bound=1.0)
+    got, _, metrics = rules.reduce(uploads([4, 1, 0], [1.5, 1, 0]), torch.ones(2), CURRENT)
     assert got["visual"].tolist() == [[2.0, 1.0], [1.5, 1.0]]  # (3, 0, 0) clipped to (1, 0, 0); 0.5 within
-    assert metrics == {"clip_norm": 1.0, "clipped": 1}
-    median_bound = UploadRules(seed=0, aggregator="norm_clip")  # null: the round's median update norm
-    _, _, metrics = median_bound.robust(uploads([4, 1, 0], [1.5, 1, 0], [1, 1, 2]), torch.ones(3), CURRENT)
-    assert metrics["clip_norm"] == 2.0
+    assert metrics == {"norm_clip/clip_norm": 1.0, "norm_clip/clipped": 1}
+    median_bound = Reducer("norm_clip")  # null: the round's median update norm
+    _, _, metrics = median_bound.reduce(uploads([4, 1, 0], [1.5, 1, 0], [1, 1, 2]), torch.ones(3), CURRENT)
+    assert metrics["norm_clip/clip_norm"] == 2.0
 
 
 def test_an_attacker_poisons_its_shared_pieces_and_nobody_elses():
-    rules = UploadRules(seed=3, attackers=(1,), attack="sign_flip", attack_scale=2.0)
+    rules = Adversary(seed=3, attackers=(1,), attack="sign_flip", scale=2.0)
     honest = {"visual": torch.tensor([1.5, 0.0]), "deep": torch.tensor([[1.0]]), "message": torch.tensor([9.0])}
-    assert rules.poison(0, 0, honest, CURRENT) is honest
-    got = rules.poison(1, 0, honest, CURRENT)
+    assert rules.leave(0, 0, honest, CURRENT) is honest
+    got = rules.leave(1, 0, honest, CURRENT)
     assert got["visual"].tolist() == [0.0, 3.0] and got["deep"].tolist() == [[-2.0]]  # 1 - 2 x (0.5, -1); 0 - 2 x 1
     assert got["message"] is honest["message"]
-    garbage = UploadRules(seed=3, attackers=(1,), attack="gaussian", attack_scale=1.0)
-    first, again = garbage.poison(1, 4, honest, CURRENT), garbage.poison(1, 4, honest, CURRENT)
+    garbage = Adversary(seed=3, attackers=(1,), attack="gaussian", scale=1.0)
+    first, again = garbage.leave(1, 4, honest, CURRENT), garbage.leave(1, 4, honest, CURRENT)
     assert torch.equal(first["visual"], again["visual"])  # its own stream: the same on any rank, on a resume
-    assert not torch.equal(first["visual"], garbage.poison(1, 5, honest, CURRENT)["visual"])
-    flipped = UploadRules(seed=3, attackers=(1,), attack="label_flip")
-    assert flipped.poison(1, 0, honest, CURRENT) is honest  # its attack is on its pseudo-labels
-    assert flipped.at_refresh(0, 4).flipped == (1,) and garbage.at_refresh(0, 4).flipped == ()
+    assert not torch.equal(first["visual"], garbage.leave(1, 5, honest, CURRENT)["visual"])
+    flipped = Adversary(seed=3, attackers=(1,), attack="label_flip")
+    assert flipped.leave(1, 0, honest, CURRENT) is honest  # its attack is on its pseudo-labels
+    chosen = PseudoLabels(torch.tensor([0, 2]), torch.tensor([0, 1]), torch.tensor([[True, False, False], [False, False, True]]))
+    assert flipped.labels(1, chosen, 3).labels.tolist() == [2, 1] and flipped.labels(0, chosen, 3) is chosen
+    assert flipped.labels(1, chosen, 3).mask.tolist() == [[False, False, True], [True, False, False]]
+    assert garbage.labels(1, chosen, 3) is chosen
 
 
 @pytest.mark.parametrize(("join_rate", "clients", "over", "asked"), [(0.5, 4, 0.5, 3), (0.3, 10, 1.0, 6), (0.75, 4, 0.34, 4),
                                                                     (0.1, 7, 0.0, 1), (1 / 3, 9, 0.5, 5)])
 def test_over_selection_asks_more_and_the_rate_draws_exactly_that_many(join_rate, clients, over, asked):
-    rules = UploadRules(seed=0, over_select=over)
+    rules = Clock(seed=0, over_select=over)
     rate = rules.join_rate(join_rate, clients)
     assert int(np.ceil(rate * clients)) == asked
     assert int(streams.participants(clients, rate, 5, 0).sum()) == asked
@@ -135,31 +142,36 @@ def test_a_speeds_file_that_does_not_fit_is_one_line(tmp_path, content, name, sa
 
 
 def test_attackers_are_a_count_or_a_fraction_drawn_once_per_run():
-    assert attacker_count(2, 10) == 2 and attacker_count(0.25, 10) == 3 and attacker_count(0, 10) == 0
+    count = lambda attackers: AdversaryConfig(attackers=attackers, attack="scale" if attackers else "none").count(10)  # noqa: E731
+    assert count(2) == 2 and count(0.25) == 3 and count(0) == 0
     with pytest.raises(ConfigError, match="at most every client"):
-        attacker_count(11, 10)
+        count(11)
     with pytest.raises(ConfigError, match="whole number"):
-        attacker_count(1.5, 10)
-    rules = build(FederationConfig(num_clients=10, attackers=3, attack="scale"), 10, 7, 32, 1)
+        count(1.5)
+    stages = defaults(adversary=AdversaryConfig(attackers=3, attack="scale"), aggregator=reducer.AggregatorConfig(rule="krum"))
+    building = Building(stages, 10, 7, 32, 1, None)
+    rules = adversary.build(stages.adversary, building)
     assert rules.attackers == tuple(streams.chosen(10, 3, 7)) and len(set(rules.attackers)) == 3
-    assert rules.attack_scale == 10.0 and rules.krum_malicious == 3  # the attack's default; Krum assumes them
+    assert rules.scale == 10.0  # the attack's default
+    assert reducer.build(stages.aggregator, building).krum_malicious == 3  # Krum assumes them
 
 
-@pytest.mark.parametrize(("settings", "says"), [
-    ({"attack": "sign_flip"}, "set both"),
-    ({"attackers": 2}, "set both"),
-    ({"min_uploads": 5}, "no round could aggregate"),
+@pytest.mark.parametrize(("check", "says"), [
+    (lambda: AdversaryConfig(attack="sign_flip").count(4), "set both"),
+    (lambda: AdversaryConfig(attackers=2).count(4), "set both"),
+    (lambda: ClockConfig(min_uploads=5).check(4, 1.0), "no round could aggregate"),
+    (lambda: ClockConfig(over_select=0.5).check(4, 1.0), "join_rate 1 draws every client"),
 ])
-def test_settings_that_cannot_run_are_refused_before_anything(settings, says):
+def test_settings_that_cannot_run_are_refused_before_anything(check, says):
     with pytest.raises(ConfigError, match=says):
-        build(FederationConfig(num_clients=4, **settings), 4, 0, 32, 1)
+        check()
 
 
 def test_a_deadline_in_seconds_no_upload_can_meet_is_refused():
-    rules = build(FederationConfig(num_clients=4, bandwidth=100.0, deadline=2.0, deadline_unit="seconds"), 4, 0, 32, 1)
-    check_deadline(rules, 150)  # 1.5 s to send: some may arrive
+    rules = clock.build(ClockConfig(bandwidth=100.0, deadline=2.0, deadline_unit="seconds"), Building(defaults(), 4, 0, 32, 1, None))
+    rules.check_deadline(150)  # 1.5 s to send: some may arrive
     with pytest.raises(ConfigError, match="no upload could arrive in time"):
-        check_deadline(rules, 300)
+        rules.check_deadline(300)
 
 
 def test_the_median_of_the_helper_is_numpys():
