@@ -28,14 +28,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 TIMING = {"round_seconds", "phase_seconds"}
 SUMMARY_SKIP = {"wall_seconds", "startup_seconds", "settings", "placement"}  # timings, and what may differ by design
+ACCURACY = re.compile(r"acc|zero_shot_(global|client)|harmonic")  # a number of the files that is an accuracy (points)
 
 
 def fedur_plugins() -> tuple[list[type], list[str]]:
@@ -137,8 +141,9 @@ def legacy(args: list[str]) -> list[str]:
     return out
 
 
-def run(repo: Path, out: Path, is_legacy: bool, names: list[str]) -> int:
-    """Every case (or those `names`) with the checkout `repo`'s fedur into `out`/<case>; 1 when a run failed."""
+def run(repo: Path, out: Path, is_legacy: bool, names: list[str], extra: list[str] | None = None) -> int:
+    """Every case (or those `names`) with the checkout `repo`'s fedur into `out`/<case>, `extra` flags after each
+    case's; 1 when a run failed."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "FEDUR_CACHE_DIR": str(out / ".cache"), "PYTHONPATH": str(repo)}
     failed = []
     for name, args in cases().items():
@@ -147,7 +152,7 @@ def run(repo: Path, out: Path, is_legacy: bool, names: list[str]) -> int:
         folder = out / name
         if (folder / "summary.json").exists():
             continue
-        argv = [*(legacy(args) if is_legacy else args), "--run.output_dir", str(folder), "--run.progress", "false"]
+        argv = [*(legacy(args) if is_legacy else args), *(extra or []), "--run.output_dir", str(folder), "--run.progress", "false"]
         done = subprocess.run([sys.executable, "-m", "fedur.main", *argv], cwd=repo, env=env, capture_output=True, text=True)
         print(f"{name}: exit {done.returncode}", (done.stderr.strip().splitlines() or [""])[-1][:200], flush=True)
         if done.returncode:
@@ -216,6 +221,121 @@ def differences(a: Path, b: Path) -> list[str]:
     return found
 
 
+@dataclass
+class Deltas:
+    """How far apart two runs of a case are, for the tolerance mode: the largest absolute difference of each kind of
+    number, and the count of integers that differ."""
+
+    accuracy: float = 0.0  # points: every accuracy of metrics.jsonl, summary.json and zero_shot.json
+    loss: float = 0.0  # the training losses of metrics.jsonl
+    other: float = 0.0  # every other float of those files (learning rates, divergences, the methods' metrics)
+    tensors: float = 0.0  # every float tensor of every .pt file (prompts, momenta, caches, server state)
+    counts: int = 0  # integers that differ: of those files (selections), of integer tensors (pseudo-labels, masks), of
+    # confusion.json's cells
+    structure: list[str] = field(default_factory=list)  # what no tolerance covers: rounds, files, keys, shapes, the split
+
+    def within(self, bounds: Deltas) -> bool:
+        return not self.structure and all(getattr(self, k) <= getattr(bounds, k)
+                                          for k in ("accuracy", "loss", "other", "tensors", "counts"))
+
+
+def numbers(value, path: str = "") -> dict[str, float | int | None]:
+    """{path: leaf} of every number (and None) in a JSON value."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in numbers(item, f"{path}.{key}").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in numbers(item, f"{path}[{i}]").items()}
+    return {path: value} if value is None or isinstance(value, (int, float)) else {path: str(value)}
+
+
+def add_numbers(deltas: Deltas, x: dict, y: dict, where: str) -> None:
+    """Each number of `x` against `y` (flattened: `numbers`) into `deltas`; a key `x` has and `y` lacks, a None on one
+    side only, or a string that differs is structure."""
+    for key, a in x.items():
+        if key not in y:
+            deltas.structure.append(f"{where}{key} missing")
+            continue
+        b = y[key]
+        if a == b:
+            continue
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+            deltas.structure.append(f"{where}{key}: {a!r} vs {b!r}")
+        elif isinstance(a, int) and isinstance(b, int):
+            deltas.counts += 1
+        else:
+            kind = "accuracy" if ACCURACY.search(key) else "loss" if "loss" in key else "other"
+            setattr(deltas, kind, max(getattr(deltas, kind), abs(a - b)))
+
+
+def measured(a: Path, b: Path) -> Deltas:
+    """`Deltas` of run `b` against run `a` (the same files as `differences` reads)."""
+    deltas = Deltas()
+    firsts = [first_round(d) for d in (a, b)]
+    rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] if (d / "metrics.jsonl").exists()
+            else [] for d in (a, b)]
+    if len(rows[0]) != len(rows[1]):
+        deltas.structure.append(f"rounds: {len(rows[0])} vs {len(rows[1])}")
+    for x, y in zip(*rows):
+        x, y = ({k: v for k, v in row.items() if k not in TIMING and k != "round"} for row in (x, y))
+        add_numbers(deltas, numbers(x), numbers(y), "metrics")
+    summaries = [{k: v for k, v in json.loads((d / "summary.json").read_text()).items() if k not in SUMMARY_SKIP}
+                 for d in (a, b)]
+    for summary, first in zip(summaries, firsts):
+        if summary.get("best_round") is not None:
+            summary["best_round"] += 1 - summary.get("first_round", first)
+    add_numbers(deltas, numbers(summaries[0]), numbers(summaries[1]), "summary")
+    for name in ("zero_shot.json", "confusion.json"):
+        found = [json.loads((d / name).read_text()) if (d / name).exists() else None for d in (a, b)]
+        if (found[0] is None) != (found[1] is None):
+            deltas.structure.append(f"{name} on one side only")
+        elif found[0] is not None:
+            add_numbers(deltas, numbers(found[0]), numbers(found[1]), name)
+    splits = [(d / "partition.json").read_text() if (d / "partition.json").exists() else None for d in (a, b)]
+    if splits[0] != splits[1]:
+        deltas.structure.append("partition.json")
+    files = [{numbered(p.relative_to(d), first): p for p in d.rglob("*.pt")} for d, first in zip((a, b), firsts)]
+    if set(files[0]) != set(files[1]):
+        deltas.structure.append(f".pt files: {sorted(set(files[0]) ^ set(files[1]))}")
+    for path in sorted(files[0].keys() & files[1].keys()):
+        x, y = (tensors(torch.load(side[path], weights_only=True)) for side in files)
+        for key in sorted(x):
+            if key not in y or x[key].shape != y[key].shape or x[key].dtype != y[key].dtype:
+                deltas.structure.append(f"{path}{key}: missing or of another shape or dtype")
+            elif x[key].is_floating_point():
+                if x[key].numel():
+                    deltas.tensors = max(deltas.tensors, float((x[key].double() - y[key].double()).abs().max()))
+            else:
+                deltas.counts += int((x[key] != y[key]).sum())
+    return deltas
+
+
+def compare_within(before: Path, after: Path, names: list[str], bounds: Deltas, table: Path | None = None) -> int:
+    """The tolerance mode: each case's `Deltas`, one line each (and a Markdown table in `table`); 1 when one is out of
+    `bounds`."""
+    names = names or sorted(p.name for p in before.iterdir() if (p / "summary.json").exists())
+    lines, out = [], 0
+    for name in names:
+        if not (after / name / "summary.json").exists():
+            print(f"{name}: missing in {after}")
+            out = 1
+            continue
+        d = measured(before / name, after / name)
+        ok = d.within(bounds)
+        out |= not ok
+        lines.append(f"| {name} | {d.accuracy:.3g} | {d.loss:.3g} | {d.other:.3g} | {d.tensors:.3g} | {d.counts} | "
+                     f"{'; '.join(d.structure[:3]) or '-'} | {'within' if ok else 'OUT'} |")
+        print(f"{name}: {'within' if ok else 'OUT OF BOUNDS'}: accuracy {d.accuracy:.3g} points, loss {d.loss:.3g}, other "
+              f"{d.other:.3g}, tensors {d.tensors:.3g}, {d.counts} integers differ", *d.structure[:6], sep="\n    ")
+    header = ["| case | accuracy (points) | loss | other numbers | tensors | integers that differ | structure | |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    bound = (f"bounds: accuracy {bounds.accuracy} points, loss {bounds.loss}, other {bounds.other}, tensors "
+             f"{bounds.tensors}, {bounds.counts} integers")
+    print(f"{sum(line.endswith('within |') for line in lines)} of {len(names)} within {bound}")
+    if table is not None:
+        table.write_text("\n".join([f"Largest absolute differences per case ({bound}).", "", *header, *lines]) + "\n")
+    return out
+
+
 def compare(before: Path, after: Path, names: list[str]) -> int:
     names = names or sorted(p.name for p in before.iterdir() if (p / "summary.json").exists())
     same = 0
@@ -237,14 +357,24 @@ def main() -> int:
     r.add_argument("repo", type=Path)
     r.add_argument("out", type=Path)
     r.add_argument("--legacy", action="store_true", help="the checkout predates plugins (its old command line)")
+    r.add_argument("--extra", default="", help="flags added to every case, e.g. --extra='--data.feature_cache false'")
     r.add_argument("names", nargs="*", help="only these cases")
     c = sub.add_parser("compare", help="compare two folders of runs")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     c.add_argument("names", nargs="*")
+    c.add_argument("--tolerance", action="store_true",
+                   help="compare within bounds (the largest difference per kind of number, the integers that differ)")
+    for kind, default in (("accuracy", 0.0), ("loss", 0.0), ("other", 0.0), ("tensors", 0.0)):
+        c.add_argument(f"--max-{kind}", type=float, default=default, help=f"tolerance mode: the bound of {kind}")
+    c.add_argument("--max-counts", type=int, default=0, help="tolerance mode: integers that may differ")
+    c.add_argument("--table", type=Path, default=None, help="tolerance mode: write the Markdown table here")
     args = parser.parse_args()
     if args.command == "run":
-        return run(args.repo.resolve(), args.out.resolve(), args.legacy, args.names)
+        return run(args.repo.resolve(), args.out.resolve(), args.legacy, args.names, shlex.split(args.extra))
+    if args.tolerance:
+        bounds = Deltas(args.max_accuracy, args.max_loss, args.max_other, args.max_tensors, args.max_counts)
+        return compare_within(args.before, args.after, args.names, bounds, args.table)
     return compare(args.before, args.after, args.names)
 
 

@@ -2,7 +2,9 @@
 
 One federated round of FedCoPL on the same CIFAR-10 JPEGs, with the same random ViT-B/32 weights, the same
 split across clients and the same pseudo-label selections, run as separate processes in turn (reference,
-fedur, reference, fedur, ...). Per side: the whole process (wall), the time before round 1 and the round's
+fedur cold, fedur warm, reference, ...). fedur runs with its caches cold (a new cache folder: every image decoded
+and its frozen features computed before round 1) and warm (the folder its cold run of the pair left: what every
+later run of the same data and model finds), `--fedur-cache`. Per side: the whole process (wall), the time before round 1 and the round's
 phases (refresh, train, aggregate, evaluate); the report gives fedur / reference per phase (medians over the
 pairs) and exits non-zero when a side fails or the two did different work.
 
@@ -49,7 +51,8 @@ Identical work, and how it is made identical (the report checks the first two an
   (its default `--evaluation.global_model true`, unless --global-model off), which the reference does not: fedur
   scores it in the clients' own pass (docs/performance.md).
 - what cannot be switched off in fedur: its zero-shot test of every client before round 1
-  (fedur/train/fit.py, `record_zero_shot`), which the reference does not do; it falls in "before round 1".
+  (fedur/train/fit.py, `record_zero_shot`), which the reference does not do; it falls in "before round 1". With a
+  warm cache it reads the frozen features (data.feature_cache), as the round's zero-shot refresh does.
 
 Results: <out>/<name>.md and .json (name: cpu, cpu-smoke, or --name); the runs' files under --work (a
 temporary folder, removed unless --keep-work).
@@ -510,16 +513,18 @@ def reference_side(args, work: Path, data_dir: Path, weights: dict, index: int) 
     return side
 
 
-def fedur_side(args, work: Path, data_root: Path, weights: dict, index: int) -> dict:
-    folder = work / "runs" / f"fedur-{index}"
+def fedur_side(args, work: Path, data_root: Path, weights: dict, index: int, cache: str = "cold") -> dict:
+    """fedur's run of pair `index` with its caches `cache`: "cold" (a new folder: the process decodes every image and
+    computes the frozen features first) or "warm" (the folder of the pair's cold run)."""
+    folder = work / "runs" / f"fedur-{cache}-{index}"
     folder.mkdir(parents=True)
-    run_dir, cache_dir = folder / "run", folder / "cache"  # a cold image cache: the process decodes as it goes
+    run_dir, cache_dir = folder / "run", work / "runs" / f"cache-{index}"
     cmd = fedur_command(args, data_root, weights, run_dir, cache_dir)
     env = child_env(args.threads)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     marks = {"fedur: ": "described", "zero-shot CLIP": "zero_shot_printed", "round ": "round_printed"}
     proc = run_process(cmd, env, REPO, folder / "log.txt", args.timeout, marks)
-    side = {"side": "fedur", "index": index, "command": cmd, "folder": str(folder), **proc,
+    side = {"side": f"fedur {cache}", "index": index, "command": cmd, "folder": str(folder), **proc,
             "error": f"exit code {proc['rc']}" if proc["rc"] else None}
     if side["error"]:
         return side
@@ -580,7 +585,7 @@ def check_work(sides: list[dict]) -> list[str]:
     """The split (train and test counts per client and class) and the selection (per client and class) of every
     run against the first reference run's; [] when all did the same work."""
     refs = [s for s in sides if s["side"] == "reference" and not s.get("error")]
-    problems = [f"{side}: no run finished, nothing to compare" for side in ("reference", "fedur")
+    problems = [f"{side}: no run finished, nothing to compare" for side in side_names(sides)
                 if not any(s["side"] == side and not s.get("error") for s in sides)]
     if not refs:
         return problems
@@ -599,19 +604,28 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def side_names(sides: list[dict]) -> list[str]:
+    """"reference", then fedur's sides in the order run ("fedur cold", "fedur warm")."""
+    return ["reference", *dict.fromkeys(s["side"] for s in sides if s["side"] != "reference")]
+
+
 def summarize(sides: list[dict]) -> dict:
-    out = {}
-    for side in ("reference", "fedur"):
+    """Per side, the median seconds of each phase; per fedur side, its ratio to the reference's (`ratio`: of the
+    medians; `ratio_median_of_pairs`: the median of each pair's ratio)."""
+    out = {"sides": side_names(sides), "ratio": {}, "ratio_median_of_pairs": {}}
+    for side in out["sides"]:
         runs = [s for s in sides if s["side"] == side and not s.get("error")]
         out[side] = {p: median([r["phases"][p] for r in runs]) for p in PHASES}
-    out["ratio"] = {p: (out["fedur"][p] / out["reference"][p]) if out["reference"][p] else float("nan") for p in PHASES}
     pairs = {}
     for s in sides:
         if not s.get("error"):
             pairs.setdefault(s["index"], {})[s["side"]] = s
-    per_pair = [{p: both["fedur"]["phases"][p] / both["reference"]["phases"][p] for p in PHASES
-                 if both["reference"]["phases"][p]} for _, both in sorted(pairs.items()) if len(both) == 2]
-    out["ratio_median_of_pairs"] = {p: median([r[p] for r in per_pair if p in r]) for p in PHASES}
+    for side in out["sides"][1:]:
+        out["ratio"][side] = {p: (out[side][p] / out["reference"][p]) if out["reference"][p] else float("nan")
+                              for p in PHASES}
+        per_pair = [{p: both[side]["phases"][p] / both["reference"]["phases"][p] for p in PHASES
+                     if both["reference"]["phases"][p]} for _, both in sorted(pairs.items()) if side in both and "reference" in both]
+        out["ratio_median_of_pairs"][side] = {p: median([r[p] for r in per_pair if p in r]) for p in PHASES}
     return out
 
 
@@ -686,11 +700,12 @@ def report(args, setup: dict, sides: list[dict], problems: list[str], summary: d
             lines += [f"- {s['side']} run {s['index']} ({s['folder']}): " + s["error"].strip().splitlines()[0]]
     lines += ["", "## Seconds per phase (medians over the pairs) and fedur / reference", "",
               "| | " + " | ".join(PHASES) + " |", "| --- |" + " --- |" * len(PHASES)]
-    for side in ("reference", "fedur"):
+    for side in summary["sides"]:
         lines.append(f"| {side} | " + " | ".join(fmt(summary[side][p]) for p in PHASES) + " |")
-    lines.append("| fedur / reference | " + " | ".join(fmt(summary["ratio"][p]) for p in PHASES) + " |")
-    lines.append("| median of the pairs' ratios | " + " | ".join(fmt(summary["ratio_median_of_pairs"][p]) for p in PHASES)
-                 + " |")
+    for side in summary["sides"][1:]:
+        lines.append(f"| {side} / reference | " + " | ".join(fmt(summary["ratio"][side][p]) for p in PHASES) + " |")
+        lines.append(f"| {side}: median of the pairs' ratios | "
+                     + " | ".join(fmt(summary["ratio_median_of_pairs"][side][p]) for p in PHASES) + " |")
     lines += ["", "Every run, in the order run (cpu: the process's CPU core-seconds, its DataLoader workers included; "
               "others: what every other process on the machine used meanwhile, core-seconds and share of the cores):", "",
               "| run | " + " | ".join(PHASES) + " | cpu | others |", "| --- |" + " --- |" * (len(PHASES) + 2)]
@@ -705,7 +720,7 @@ def report(args, setup: dict, sides: list[dict], problems: list[str], summary: d
         lines += ["", f"**The machine was not quiet**: other processes used more than {100 * BUSY_SHARE:.0f}% of the cores "
                   f"during {which}; those times hold waiting for the CPU and are not clean. Rerun on a quiet machine."]
     lines += ["", "Where the time before round 1 and inside the phases goes (seconds, first run of each side):", ""]
-    for side in ("reference", "fedur"):
+    for side in summary["sides"]:
         run = next((s for s in sides if s["side"] == side and not s.get("error")), None)
         if run is not None:
             lines += [f"- {side}: " + "; ".join(f"{k} {fmt(v)}" for k, v in run["detail"].items())]
@@ -728,8 +743,10 @@ def report(args, setup: dict, sides: list[dict], problems: list[str], summary: d
         "",
         "- fedur tests zero-shot CLIP on every client's test images before round 1 (fedur/train/fit.py, "
         "record_zero_shot; no switch turns it off); the reference does not. It is inside fedur's before_round1.",
-        "- fedur decodes every image once into its image cache before round 1 (cold here: a new cache folder per run); "
-        "the reference decodes JPEGs in every pass (labelling, each epoch, testing) with DataLoader workers (8 in its "
+        "- fedur decodes every image once into its image cache, and computes every image's frozen features once into its "
+        "feature cache (data.feature_cache), before round 1: cold, a new cache folder; warm, the one the pair's cold run "
+        "left, whose zero-shot test and zero-shot refresh then read the features instead of running the image tower. "
+        "The reference decodes JPEGs in every pass (labelling, each epoch, testing) with DataLoader workers (8 in its "
         f"code{'' if args.reference_workers is None else f', {args.reference_workers} here (--reference-workers)'}); "
         "fedur's data.num_workers is 2.",
         "- fedur writes TensorBoard logs, heatmaps of the split, a checkpoint and the prompts; the reference writes its log.",
@@ -749,7 +766,8 @@ def report(args, setup: dict, sides: list[dict], problems: list[str], summary: d
         "## Commands",
         "",
     ]
-    for s in sides[:2]:
+    for side in summary["sides"]:
+        s = next(s for s in sides if s["side"] == side)
         lines += [f"{s['side']}:", "", "    " + " ".join(shlex.quote(a) for a in s["command"]), ""]
     lines += ["The reference's environment variables: spec.json in its run folder (reference-<i>/)."]
     return "\n".join(lines) + "\n"
@@ -778,6 +796,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--global-model", choices=("on", "off"), default="on",
                    help="fedur also tests its server's model every round (its default, on: the evaluation protocols "
                    "at the cost of one pass); the reference tests none")
+    p.add_argument("--fedur-cache", default="cold,warm", help="fedur's runs per pair, by the state of its caches: cold (a "
+                   "new cache folder), warm (the folder of the pair's cold run); default both")
     p.add_argument("--fedur-arg", action="append", default=[], help="an extra fedur flag (repeatable), e.g. "
                    "--fedur-arg=--data.cache=false")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder of the report (<name>.md, <name>.json)")
@@ -786,6 +806,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep-work", action="store_true", help="keep the temporary --work folder")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per process")
     args = p.parse_args(argv)
+    args.fedur_cache = args.fedur_cache.split(",")
+    if args.fedur_cache not in (["cold"], ["cold", "warm"]):
+        p.error("--fedur-cache takes cold or cold,warm (a warm run reads the folder the pair's cold run filled)")
     if args.smoke:
         args.model, args.train, args.test, args.clients, args.pairs = "smoke", 50, 20, 2, 1
     return args
@@ -829,9 +852,9 @@ def main(argv: list[str]) -> int:
             bytecode = "compiled beforehand (python -m compileall on both code trees)"
         sides = []
         for i in range(args.pairs):
-            for side in ("reference", "fedur"):
-                run = (reference_side if side == "reference" else fedur_side)(args, work, data_dir if side == "reference"
-                                                                               else root, weights, i)
+            for side in ("reference", *(f"fedur {cache}" for cache in args.fedur_cache)):
+                run = reference_side(args, work, data_dir, weights, i) if side == "reference" else \
+                    fedur_side(args, work, root, weights, i, side.split()[1])
                 status = "failed: " + run["error"].strip().splitlines()[0] if run.get("error") else \
                     " ".join(f"{p} {run['phases'][p]:.2f}" for p in PHASES)
                 print(f"reference_race: pair {i + 1}/{args.pairs} {side}: {status}", flush=True)

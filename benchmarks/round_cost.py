@@ -27,6 +27,11 @@ all blocks but the last), on random images already on the device:
             the fedur that ran does not write it)
   methods   (not in the default --parts) whole runs as `round`'s, one per method (every one with rounds, or
             --methods), FedUR first: each method's round and phases in seconds and its round's ratio to FedUR's
+  cache     (not in the default --parts) the frozen-feature cache (data.feature_cache): whole runs as `round`'s per
+            method of --cache-methods (a text-side method's and FedUR's), three in a row on one cache folder: cold
+            (the folder empty: the images decoded and the features computed first), warm (both there), and off
+            (data.feature_cache false, the image cache warm: today's passes); each one's rounds, phases and time
+            before round 1, and warm / off
 
 What a client trains is the method's: FedUR's pieces (a deep visual prompt, a text context, their declared
 initial values) and its hooks for the text side and the logits, as the round loop uses them.
@@ -42,6 +47,7 @@ figure is a median. Precision: fp32 on CPU, bf16 autocast on CUDA (as fedur's `f
     python benchmarks/round_cost.py --models fedur-tiny,fedur-demo             # every part, a few minutes
     python benchmarks/round_cost.py --device cuda                              # see benchmarks/gpu_round_cost.sh
     python benchmarks/round_cost.py --parts methods --models ViT-B-32          # every method's round beside FedUR's
+    python benchmarks/round_cost.py --parts cache --models ViT-B-32            # rounds with the feature cache cold, warm, off
 
 Results go to <out>/<device>[-quick|-smoke].json and .md (default out: benchmarks/results/round_cost/). With
 --merge, an invocation adds to the JSON already there (parts measured in several shorter runs); the
@@ -58,6 +64,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import socket
 import statistics
 import subprocess
@@ -470,12 +477,13 @@ def prompted_logits(model: PromptedCLIP, images: torch.Tensor, pieces: dict[str,
 
 def run_round(bench: Bench, name: str, train_images: int, shared: bool, results: dict, ranks: int = 1,
               clients_per_step: int = 1, global_model: bool = True, method: str | None = None,
-              label_free: bool = False) -> dict:
+              label_free: bool = False, cache_dir: Path | None = None, extra: tuple[str, ...] = ()) -> dict:
     """One `python -m fedur.main` run on generated shapes (under `fabric run --devices ranks` for several ranks);
     its rounds against their compute floor, and its time before round 1 (summary.json's startup_seconds: None
     where the fedur that ran does not record it). `global_model`: evaluation.global_model, the server's model
     tested every round on the clients' test union. `label_free`: a validation split of 20% of each client's train images
-    and the label-free choice (docs/label-free.md): one more pass over them per model and round."""
+    and the label-free choice (docs/label-free.md): one more pass over them per model and round. `cache_dir`: the
+    caches' folder (None: a new, empty one); `extra`: flags after the others."""
     args = bench.args
     classes = 10
     per_class = max(1, train_images // classes)
@@ -502,11 +510,11 @@ def run_round(bench: Bench, name: str, train_images: int, shared: bool, results:
         "--fabric.precision", "bf16-mixed" if bench.bf16 else "32-true",
         "--run.output_dir", str(run_dir), "--run.progress", "false", "--run.clients_per_step", str(clients_per_step),
         "--evaluation.global_model", str(global_model).lower(), *(["--method", method] if method else []),
-        *(["--data.validation_fraction", "0.2", "--evaluation.select", "label_free"] if label_free else []),
+        *(["--data.validation_fraction", "0.2", "--evaluation.select", "label_free"] if label_free else []), *extra,
     ]
     if bench.device.type != "cuda":
         cmd += ["--run.threads", str(torch.get_num_threads())]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FEDUR_CACHE_DIR": str(workdir / "cache")}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FEDUR_CACHE_DIR": str(cache_dir or workdir / "cache")}
     # Per-image costs at full batch for the floor: same model, 10 classes, same text-tower setting, measured
     # in this invocation (before its first run of this model and setting), so under the same load.
     run = {"per_image_cost": bench.floor_costs(name, classes, shared)}
@@ -748,6 +756,7 @@ def markdown(results: dict) -> str:
             lines.append(f"- `{runs[key].get('command', key + ' (failed before its run started)')}`")
         lines.append("")
     lines += methods_table(results.get("methods", {}))
+    lines += cache_table(results.get("cache", {}))
     return "\n".join(lines)
 
 
@@ -780,6 +789,52 @@ def methods_table(runs: dict) -> list[str]:
         ratio = f"x{cells[0] / median_phase(base, None):.2f}" if base else "n/a"
         lines.append(f"| {run['method']} | " + " | ".join("" if c is None else f"{c:.2f}" for c in cells) + f" | {ratio} |")
     lines += ["", "Commands:", ""] + [f"- `{run['command']}`" for run in runs.values() if "command" in run] + [""]
+    return lines
+
+
+CACHE_STATES = ("cold", "warm", "off")  # the `cache` part's runs, in their order on one cache folder
+
+
+def cache_table(runs: dict) -> list[str]:
+    """The `cache` part: each method's runs with the frozen-feature cache cold, warm and off, side by side."""
+    if not runs:
+        return []
+
+    def median(values: list[float]) -> float | None:
+        values = sorted(v for v in values if v is not None)
+        return values[len(values) // 2] if values else None
+
+    def seconds(run: dict) -> dict[str, float | None]:
+        rows = run["rounds"]
+        later = rows[1:] or rows
+        startup = run.get("startup_seconds")
+        return {"round 1": rows[0]["round_seconds"], "later": median([r["round_seconds"] for r in later]),
+                **{p: median([(r.get("phase_seconds") or {}).get(p) for r in rows]) for p in ("refresh", "train", "evaluate")},
+                "before": startup.get("total") if isinstance(startup, dict) else None}
+
+    lines = ["", "## The frozen-feature cache: cold, warm and off", "",
+             "Whole runs as above (`--parts cache`), three per method one after another on one cache folder: cold (the "
+             "folder empty: the images are decoded and the frozen features computed before round 1), warm (both caches "
+             "there) and off (`--data.feature_cache false`, the image cache warm: the tower runs on every pass, as "
+             "before the cache). Round 1 pseudo-labels with zero-shot CLIP, the later rounds (their median) with the "
+             "method's model; the phases are medians over every round. Before round 1: summary.json's startup_seconds "
+             "total.", "",
+             "| method | cache | round 1 s | later rounds s | refresh s | train s | evaluate s | before round 1 s | "
+             "round 1 / off | later / off | before round 1 / off |", "| --- " * 11 + "|"]
+    for key, run in runs.items():
+        method, state = run.get("method", key), run.get("cache_state", key.rsplit("|", 1)[-1])
+        if "error" in run:
+            lines.append(f"| {method} | {state} | failed: {run['error'].strip().splitlines()[-1][:100]} |" + " |" * 8)
+            continue
+        off = runs.get(key.rsplit("|", 1)[0] + "|off")
+        mine, base = seconds(run), (None if off is None or "error" in off else seconds(off))
+        cells = [mine[k] for k in ("round 1", "later", "refresh", "train", "evaluate", "before")]
+        ratios = ["" if base is None or mine[k] is None or not base[k] else f"x{mine[k] / base[k]:.2f}"
+                  for k in ("round 1", "later", "before")]
+        lines.append(f"| {method} | {state} | " + " | ".join("" if c is None else f"{c:.2f}" for c in cells) + " | "
+                     + " | ".join(ratios) + " |")
+    lines += ["", "Commands (one cache folder $TMP per method):", ""]
+    lines += [f"- `{run['command']}`" for run in runs.values() if "command" in run] + [""]
     return lines
 
 
@@ -972,6 +1027,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--round-rounds", type=int, default=2)
     parser.add_argument("--methods", default="all", help="the `methods` part's methods (class names, FedUR first; all: "
                         "every method with rounds)")
+    parser.add_argument("--cache-methods", default="PromptFL,FedOTP,PFedMoAP,FedUR",
+                        help="the `cache` part's methods (class names)")
     parser.add_argument("--round-global", default="on,off",
                         help="evaluation.global_model of the whole-round runs (list): each configuration runs once per value")
     parser.add_argument("--round-label-free", default="off",
@@ -1167,6 +1224,28 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"methods {method}: round s {[r['round_seconds'] for r in run['rounds']]} "
                       f"({time.perf_counter() - tick:.0f} s)", flush=True)
             save()
+    if "cache" in parts:
+        model = (args.round_models or args.models).split(",")[0]
+        n_images = int(args.round_images.split(",")[0])
+        for method in args.cache_methods.split(","):
+            folder = Path(tempfile.mkdtemp(prefix="round-cost-cache-"))  # one per method: cold, then warm, then off
+            for state in CACHE_STATES:
+                tick = time.perf_counter()
+                flags = ("--data.feature_cache", "false") if state == "off" else ()
+                try:
+                    run = run_round(bench, model, n_images, True, results, method=method, cache_dir=folder, extra=flags)
+                except Exception as err:  # recorded and reported; the other runs still go
+                    run = {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}", "method": method}
+                results.setdefault("cache", {})[f"{model}|{n_images}|{method}|{state}"] = {**run, "cache_state": state}
+                if "error" in run:
+                    failures.append(f"cache {method} {state}: {run['error'].strip().splitlines()[-1]}")
+                    print(f"cache {method} {state}: FAILED\n{run['error']}", flush=True)
+                else:
+                    print(f"cache {method} {state}: round s {[round(r['round_seconds'], 2) for r in run['rounds']]}, before "
+                          f"round 1 {(run.get('startup_seconds') or {}).get('total')} ({time.perf_counter() - tick:.0f} s)",
+                          flush=True)
+                save()
+            shutil.rmtree(folder, ignore_errors=True)
     save()
     print(f"wrote {json_path} and {md_path}")
     if failures:  # the report holds what was measured; the exit status says that something was not

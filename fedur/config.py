@@ -102,6 +102,11 @@ class DataConfig:
     whichever rank hosts it), named in partition.json's validation_ids (a split file may name it instead). Each client's
     accuracy is then estimated on it, and evaluation.select label_free chooses on it (docs/label-free.md). 0: none;
     the estimates read the test images' logits that the evaluation computes anyway."""
+    feature_cache: bool = True
+    """Compute what the frozen image tower gives every image once, into a memory-mapped float32 cache beside the image
+    cache (per split, model and preprocess), and read it wherever the tower runs without a prompt: the zero-shot
+    passes, and every pass of a method whose tower carries none (docs/performance.md). The same results within float
+    rounding (features computed in other batches); false runs the tower on every pass."""
 
 
 @dataclass
@@ -465,6 +470,7 @@ def renamed(flat: dict) -> dict:
 # (method.*, labeller.*, dataset.*) are its class's to say: its `result_neutral` (`neutral_settings`).
 RESULT_NEUTRAL = {
     "model.cache_dir", "model.checkpointing", "run.memory_estimate", "data.num_workers", "data.cache", "data.cache_dir",
+    "data.feature_cache",
     "federation.rounds", "optim.eval_batch_size", "evaluation.global_model", "evaluation.membership_attack",
     "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",

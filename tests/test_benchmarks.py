@@ -176,6 +176,19 @@ def test_round_cost_methods_part_puts_each_methods_round_beside_fedurs(tmp_path)
     assert "--method FedMaPLe" in text
 
 
+@pytest.mark.slow  # starts three fedur processes
+def test_round_cost_cache_part_runs_a_method_cold_warm_and_off(tmp_path):
+    code = exit_code(benchmark("round_cost").main, ["--smoke", "--parts", "cache", "--cache-methods", "PromptFL",
+                                                     "--out", str(tmp_path)])
+    assert code == 0
+    runs = json.loads((tmp_path / "cpu-smoke.json").read_text())["cache"]
+    assert [run["cache_state"] for run in runs.values()] == ["cold", "warm", "off"]
+    assert [run["startup_seconds"] is not None for run in runs.values()] == [True] * 3
+    text = (tmp_path / "cpu-smoke.md").read_text()
+    assert "## The frozen-feature cache: cold, warm and off" in text and "| PromptFL | warm |" in text
+    assert text.count("--data.feature_cache false") == 1  # the off run's command, and only its
+
+
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_gpu_round_cost_script_passes_round_cost_only_flags_it_takes(tmp_path, device):
     script = BENCHMARKS / "gpu_round_cost.sh"
@@ -346,6 +359,19 @@ def test_output_parity_cases_cover_every_method_and_compare_tells_runs_apart(tmp
     assert compare() == 0 and "1 of 1 identical" in capsys.readouterr().out
     torch.save({"text_ctx": torch.ones(2, 3) + 1e-6}, after / "prompts" / "client_000.pt")
     assert compare() == 1 and "prompts/client_000.pt.text_ctx" in capsys.readouterr().out
+
+    def within(*bounds: str) -> int:
+        monkeypatch.setattr(sys, "argv", ["output_parity.py", "compare", "--tolerance", *bounds, str(before.parent),
+                                          str(after.parent)])
+        return exit_code(parity.main)
+
+    assert within("--max-tensors", "1e-5") == 0 and "case: within" in capsys.readouterr().out
+    assert within("--max-tensors", "1e-7") == 1 and "tensors 9.54e-07" in capsys.readouterr().out
+    (after / "metrics.jsonl").write_text(json.dumps({"round": 1, "mean_accuracy": 48.0, "round_seconds": 2.0}) + "\n")
+    assert within("--max-tensors", "1e-5", "--table", str(tmp_path / "t.md")) == 1
+    assert "accuracy 2 points" in capsys.readouterr().out
+    assert "| case | 2 | 0 | 0 | 9.54e-07 | 0 | - | OUT |" in (tmp_path / "t.md").read_text()
+    assert within("--max-tensors", "1e-5", "--max-accuracy", "2") == 0
 
 
 def test_demo_learning_help(monkeypatch, capsys):

@@ -60,8 +60,10 @@ class StubFabric:
 @functools.cache
 def rank_on(device: torch.device, *overrides: str):
     """A rank of configs/tiny.yaml set up on `device` (one per method for the module: each test sets the clients'
-    state it reads)."""
-    cfg = parse_config(["--config", "configs/tiny.yaml", "--run.clients_per_step", "2", *overrides])
+    state it reads). Without the frozen-feature cache: a meta tower computes no features to cache
+    (`test_cached_rows_reach_the_device_in_every_pass_that_reads_them` hands a meta rank a CPU rank's)."""
+    cfg = parse_config(["--config", "configs/tiny.yaml", "--run.clients_per_step", "2", "--data.feature_cache", "false",
+                        *overrides])
     fabric = StubFabric(device)
     return setup(fabric, Collectives(fabric), cfg, QUIET)[0]
 
@@ -127,6 +129,42 @@ def test_the_logits_of_every_method_without_training_run_on_the_device(method):
         logits = rank.method.logits(rank.model, torch.zeros(2, 3, 32, 32, dtype=torch.uint8, device=META),
                                     device_client.pieces, text, device_client, None)
     assert logits.shape == (2, classes) and logits.device == META
+
+
+FROZEN = ["PromptFL", "PFedPrompt", "FedTPG", "FedCoCoOp", "PFedMoAP", "FedPHA", "GDAU"]  # a tower without a prompt
+
+
+@pytest.mark.parametrize("method", FROZEN)
+def test_cached_rows_reach_the_device_in_every_pass_that_reads_them(method):
+    """The frozen-feature cache's rows, read on the CPU (a CPU rank built the cache), go to the device with the batch:
+    a training step of two clients (one fused step where the class keeps the base's logits), and the logits."""
+    cpu = rank_on(torch.device("cpu"), "--method", method, "--data.feature_cache", "true")
+    rank = rank_on(META, "--method", method)
+    assert cpu.tower == "features" and rank.reads() is None
+    rank.features, rank.tower = cpu.features, cpu.tower
+    clients = rank.clients[:2]
+    for client in clients:
+        pseudo_labelled(client, rank.model.num_classes, 6)
+    on_device = [c.on(META) for c in clients]
+    names = rank.tuner.trained_names(clients[0].pieces)
+    prompts = [{n: t.clone().requires_grad_(n in names) for n, t in c.pieces.items()} for c in on_device]
+    rows = [rank.features.batch("train", c.train_indices[:3], rank.reads()) for c in clients]
+    batches = [rank.fabric.to_device((x, torch.zeros(3, dtype=torch.long, device="cpu"),
+                                      torch.zeros(3, rank.model.num_classes, dtype=torch.bool, device="cpu"),
+                                      torch.arange(3, device="cpu"))) for x in rows]
+    assert all(b[0].features.device == META for b in batches)
+    if rank.method.trains:
+        rank.model.train()
+        try:
+            outs = rank.tuner.training_step(batches, prompts, on_device, torch.ones(rank.model.num_classes, device=META))
+        finally:
+            rank.model.eval()
+        torch.stack([o["loss"] for o in outs]).sum().backward()
+        assert all(p[n].grad is not None and p[n].grad.device == META for p in prompts for n in names)
+    with torch.no_grad():
+        text = rank.method.text_side(rank.model, on_device[0].pieces)
+        logits = rank.method.logits(rank.model, batches[0][0], on_device[0].pieces, text, on_device[0], None)
+    assert logits.shape == (3, rank.model.num_classes) and logits.device == META
 
 
 def test_a_client_on_the_device_is_a_copy_and_its_checkpoint_state_is_moved_to_the_cpu():

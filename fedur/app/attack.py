@@ -104,17 +104,21 @@ def rebuild(run_dir: Path, device: str) -> Rebuilt:
 @torch.no_grad()
 def logits_of(run: Rebuilt, client: ClientState, split: str, rows: np.ndarray, batch_size: int) -> dict[str, Tensor]:
     """{"zero_shot", "personal", "server"}: (n, C) float32 logits on the CPU of the images at `rows` of `split`, each
-    image read once. Every model is queried as a black box, without the image's position among the client's train
+    image read once (its features from the frozen-feature cache where it is on: zero-shot CLIP's, and the models' where
+    their image tower carries no prompt). Every model is queried as a black box, without the image's position among the client's train
     images (`rows=None`: what a method does for an image it does not hold)."""
     host, server = run.host, run.server
     fabric, model, method = host.fabric, host.model, host.method
     own = client.on(fabric.device)
     out: dict[str, list[Tensor]] = {"zero_shot": [], "personal": [], **({} if server is None else {"server": []})}
+    plan = in_batches(rows, batch_size)
+    frozen = None if host.features is None else host.batches(split, plan, zero_shot=True)  # the reference's features
     with fabric.autocast():
         text = method.text_side(model, own.pieces)
-        for images in host.images.batches(split, in_batches(rows, batch_size)):
+        for images in host.batches(split, plan):
             images = fabric.to_device(images)
-            logits = {"zero_shot": model.logits(model.image_features(images, prompted=False), model.zero_shot_text),
+            reference = images if frozen is None else fabric.to_device(next(frozen))
+            logits = {"zero_shot": model.logits(model.image_features(reference, prompted=False), model.zero_shot_text),
                       "personal": method.logits(model, images, own.pieces, text, own, None)}
             if server is not None:
                 logits["server"] = method.logits(model, images, server.client.pieces, server.text, server.client, None)

@@ -26,15 +26,18 @@ from lightning import Fabric
 
 from fedur.data.cache import CacheOptions, prepare_splits
 from fedur.data.datasets import DataOptions, ImageSplit, prepare_dataset
+from fedur.data.features import split_identity
 from fedur.data.loaders import ImageLoader, in_batches
 from fedur.errors import FedurError
 from fedur.launch_env import LaunchEnv
 from fedur.methods.base import GlobalView
+from fedur.methods.forward import frozen_reads
 from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
 from fedur.train import checkpoint
 from fedur.train.evaluate import prepared, scored_counts
+from fedur.train.features import open_run_features, text_spec, tower_spec, wanted_files, zero_shot_text
 from fedur.train.setup import data_seed
 
 
@@ -73,8 +76,11 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
     model = PromptedCLIP(clip, target.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
                          cfg.model.ctx_init_std, cfg.run.seed, cfg.model.ctx_suffix)
     model.shared_prefix_text, model.normalize = cfg.model.shared_prefix_text, loading.normalize
+    tower = tower_spec(fabric, model, cfg.model.name, clip.preprocess) if d.feature_cache else None  # weights on the CPU
+    text = text_spec(fabric, clip, cfg.model.name) if d.feature_cache else None
     model = model.to(fabric.device).eval()
-    model.zero_shot_text = zero_shot_weights(clip, target.classnames, target.template, fabric.device)
+    model.zero_shot_text = zero_shot_weights(clip, target.classnames, target.template, fabric.device) if text is None \
+        else zero_shot_text(fabric, clip, text, target.classnames, target.template, cfg.dataset.cache_key, d.cache_dir)
 
     method = cfg.method
     start = initial_values(method.pieces(), model, cfg.run.seed)
@@ -95,11 +101,19 @@ def cross_dataset(run_dir: Path, settings: list[str]) -> dict:
     images = ImageLoader({"test": loading.test}, loading.transform, d.num_workers, pin_memory=fabric.device.type == "cuda")
     labels = torch.from_numpy(loading.test.labels)
     plan = in_batches(np.arange(len(labels)), cfg.optim.eval_batch_size)
+    reads, features = None, None
+    if d.feature_cache:  # the target's frozen features, computed once (also for other runs tested on it)
+        reads = frozen_reads(method, model, {name: t.to(fabric.device) for name, t in server_model.pieces.items()})
+        identity = split_identity(target.test, "test", cfg.dataset.cache_key, loading.test_kept)
+        wanted = wanted_files(model, tower, cfg.dataset.cache_key, {"test": (identity, len(loading.test))}, reads)
+        features = open_run_features(fabric, model, images, wanted, d.cache_dir)
 
-    def batches():
-        return zip(images.batches("test", plan), (labels[rows] for rows in plan))
-    counts = {"server": scored_counts(fabric, method, model, prepared(fabric, method, model, server_model), batches()),
-              "zero_shot": scored_counts(fabric, method, model, None, batches())}
+    def batches(zero_shot: bool):
+        use = "features" if zero_shot and features is not None else reads
+        read = images.batches("test", plan) if use is None else (features.batch("test", rows, use) for rows in plan)
+        return zip(read, (labels[rows] for rows in plan))
+    counts = {"server": scored_counts(fabric, method, model, prepared(fabric, method, model, server_model), batches(False)),
+              "zero_shot": scored_counts(fabric, method, model, None, batches(True))}
     images.close()
     result = {
         "run": str(run_dir), "method": method.key, "trained_on": summary.get("dataset"), "dataset": target.name,

@@ -102,8 +102,8 @@ def prepare_splits(
     if corrupt not in ("stop", "skip"):
         # internal: data.corrupt_images' Literal checks it first
         raise ValueError(f"data.corrupt_images must be 'stop' or 'skip', got {corrupt!r}")
-    directory = Path(os.path.expanduser(options.cache_dir or os.environ.get("FEDUR_CACHE_DIR") or DEFAULT_CACHE_DIR))
-    _check_writable(directory)
+    directory = cache_directory(options.cache_dir)
+    check_writable(directory)
     geometric, mean, std = split_preprocess(preprocess) if cache else (None, (), ())
     workers = _default_workers() if options.workers is None else options.workers
     out = {
@@ -142,7 +142,7 @@ def _prepare_split(
     if not cache and split.paths is None:  # arrays in memory: nothing can fail to decode, nothing to check
         return _Split(split, np.arange(len(split), dtype=np.int64), [], None, False)
     key = split_key(split, name, dataset_key, geometric, image_size if cache else None)
-    file = directory / f"{_slug(dataset_key)}-{name}-{f'{image_size}px' if cache else 'verified'}-{key[:16]}"
+    file = directory / f"{slug(dataset_key)}-{name}-{f'{image_size}px' if cache else 'verified'}-{key[:16]}"
     what = f"decoding {name} images into the cache" if cache else f"checking {name} images"
     record, built = _decoded(split, geometric, image_size, file, key, workers, progress, what)
     corrupt = record["corrupt"]
@@ -153,6 +153,11 @@ def _prepare_split(
     cache_file = str(file.with_suffix(".npy"))
     rows = None if len(kept) == len(split) else kept  # the file holds every input row; corrupt ones are zeros
     return _Split(replace(result, arrays=MappedImages(cache_file, rows)), kept, corrupt, cache_file, built)
+
+
+def cache_directory(cache_dir: str | None) -> Path:
+    """Where the caches live: data.cache_dir, else $FEDUR_CACHE_DIR, else ~/.cache/fedur."""
+    return Path(os.path.expanduser(cache_dir or os.environ.get("FEDUR_CACHE_DIR") or DEFAULT_CACHE_DIR))
 
 
 def split_preprocess(preprocess: Callable) -> tuple[Compose, tuple[float, ...], tuple[float, ...]]:
@@ -204,7 +209,7 @@ def _decoded(
     progress: Progress | None, what: str,
 ) -> tuple[dict, bool]:
     """The record of `file` (and with `geometric`, its .npy of pixels), decoding the split first if absent."""
-    with _locked(file):
+    with locked(file):
         record = _read_record(file, key)
         if record is not None:
             return record, False
@@ -213,7 +218,7 @@ def _decoded(
         shape = (len(split), image_size or 0, image_size or 0, 3)
         try:
             if geometric is not None:
-                _check_space(file.parent, int(np.prod(shape)))
+                check_space(file.parent, int(np.prod(shape)))
                 pixels = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
             decoded = _decode_all(_Decode(split, geometric, image_size), workers, progress, what)
             for index, image, error in decoded:
@@ -285,7 +290,7 @@ def _write_record(file: Path, key: str, record: dict, corrupt: list[dict]) -> di
 
 
 @contextlib.contextmanager
-def _locked(file: Path):
+def locked(file: Path):
     """An exclusive advisory lock per cache file, so that two builders do not decode the same split twice."""
     file.parent.mkdir(parents=True, exist_ok=True)
     with open(file.with_suffix(".lock"), "a") as handle:
@@ -294,7 +299,7 @@ def _locked(file: Path):
         yield
 
 
-def _check_writable(directory: Path) -> None:
+def check_writable(directory: Path) -> None:
     """The cache folder exists (made if absent) and takes a file: one line naming it, not a traceback from the
     first write (a path that is a file, a folder without write permission, a read-only filesystem)."""
     probe = directory / f".write-test.{os.getpid()}.{uuid.uuid4().hex[:8]}"
@@ -308,12 +313,15 @@ def _check_writable(directory: Path) -> None:
                                    "folder you can write") from err
 
 
-def _check_space(directory: Path, needed: int) -> None:
+def check_space(directory: Path, needed: int, what: str = "the image cache",
+                instead: str = "data.cache=false to decode every image each time") -> None:
+    """One line when `directory`'s disk has not `needed` bytes free (and 5% more), naming what needs them and the
+    setting that does without (`instead`)."""
     free = shutil.disk_usage(directory).free
     if free < needed * 1.05:
         raise DataUnavailableError(
-            f"the image cache needs {needed / 1e9:.1f} GB in {directory} and only {free / 1e9:.1f} GB are free; "
-            "set data.cache_dir to a larger disk, or data.cache=false to decode every image each time"
+            f"{what} needs {needed / 1e9:.1f} GB in {directory} and only {free / 1e9:.1f} GB are free; "
+            f"set data.cache_dir to a larger disk, or {instead}"
         )
 
 
@@ -321,7 +329,7 @@ def _name(split: ImageSplit, index: int) -> str:
     return split.paths[index] if split.paths is not None else f"<array row {index}>"
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[-60:] or "dataset"
 
 

@@ -88,7 +88,7 @@ class LocalStep:
 class LocalBatch:
     """A client's batch in a training step, as `penalty` sees it (on the device)."""
 
-    images: Tensor  # (B, 3, H, W)
+    images: Tensor  # (B, 3, H, W); the frozen-feature cache's rows (FrozenImages) where the tower carries no prompt
     labels: Tensor  # (B,) the pseudo-labels
     mask: Tensor  # (B, C) bool, the labeller's class mask (negatives, CPL's candidates)
     rows: Tensor  # (B,) int64, each image's position in the client's train images

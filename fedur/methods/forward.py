@@ -9,20 +9,23 @@ to rounding, a client alone exactly; nothing is declared: a method with its own 
 it is never fused.
 
 The same reading of the class tells the evaluation when two models score the same image features (`image_side`): the
-base's logits read the images only through the visual prompt.
+base's logits read the images only through the visual prompt. And what a method's image tower computes, from its pieces
+(`frozen_reads`): where it carries no prompt, every pass reads the frozen-feature cache instead of images.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from fedur.federated.client import ClientState
 from fedur.methods.base import ClientSide
+from fedur.model.frozen import Reads, cat_images, probe
 
 if TYPE_CHECKING:
-    from fedur.federated.client import ClientState
     from fedur.model.classifier import PromptedCLIP
 
 
@@ -62,7 +65,7 @@ def group_features(model: PromptedCLIP, images: list[Tensor], pieces: list[dict[
     if len(images) == 1:
         return model.image_features(images[0], visual=pieces[0].get("visual"))
     sizes = [len(x) for x in images]
-    return model.image_features(torch.cat(images), visual=per_image_visual(pieces, owners_of(sizes, images[0].device)))
+    return model.image_features(cat_images(images), visual=per_image_visual(pieces, owners_of(sizes, images[0].device)))
 
 
 def scores(model: PromptedCLIP, features: Tensor, texts: list[Tensor], sizes: list[int]) -> list[Tensor]:
@@ -92,3 +95,32 @@ def image_side(method: ClientSide, pieces: dict[str, Tensor]) -> Tensor | None:
         return None
     visual = pieces.get("visual")
     return torch.zeros(0, device="cpu") if visual is None else visual
+
+
+@torch.no_grad()
+def frozen_reads(method: ClientSide, model: PromptedCLIP, pieces: dict[str, Tensor]) -> Reads | None:
+    """What the method's logits read of the image tower with `pieces` (a client's, on the model's device), where the
+    tower carries no prompt: its features ("features") or its output tokens ("tokens", FedOTP's patches); None where a
+    piece reaches the tower (a visual prompt, MaPLe's projected text prompts) or the logits read nothing of it.
+
+    Decided from the class and the pieces, nothing declared: where the class keeps the base's `logits`, from its visual
+    prompt (`image_side`); otherwise the logits are called once, in evaluation mode, on a `TowerProbe` (a batch of one
+    image that records what the tower is asked and answers with zeros) with no text side. They stop at their first
+    use of what the text tower gives (a probe is not a pass), and what the tower was asked until then decides; a
+    method whose logits stop before they ask the tower anything reads images (the safe answer)."""
+    if default_logits(method):
+        visual = image_side(method, pieces)
+        return "features" if not visual.numel() else None
+    images = probe(model.feature_dim, model.logit_scale.device)
+    empty = np.zeros(0, dtype=np.int64)
+    training = model.training
+    model.eval()
+    try:
+        method.logits(model, images, pieces, None, ClientState(-1, empty, empty, dict(pieces)), None)
+    except Exception:  # noqa: BLE001  the logits reached the text side the probe does not give (or failed): asked so far
+        pass
+    finally:
+        model.train(training)
+    if not images.asked or any(prompted for _, prompted in images.asked):
+        return None
+    return "tokens" if any(what == "tokens" for what, _ in images.asked) else "features"

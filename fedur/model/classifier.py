@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from fedur.errors import ConfigError
 from fedur.model.clip import FrozenCLIP, encode_image_prompted, encode_text_embeddings, vision_width_and_depth
+from fedur.model.frozen import FrozenImages
 from fedur.model.precision import full_precision
 from fedur.model.prompts import TextPrompt, init_prompt
 from fedur.model.text_tower import check_shared_prefix, encode_text_shared_prefix
@@ -225,17 +226,29 @@ class PromptedCLIP(nn.Module):
             self._name_features[device] = F.normalize(features.float(), dim=-1)
         return self._name_features[device]
 
-    def image_features(self, images: Tensor, prompted: bool = True, visual: Tensor | None = None, persist: bool = False) -> Tensor:
+    def image_features(self, images: Tensor | FrozenImages, prompted: bool = True, visual: Tensor | None = None,
+                       persist: bool = False) -> Tensor:
         """Unit-norm features of an image batch with the visual prompts `visual`, (depth, n_tok, width) or one per
         image (B, depth, n_tok, width); None (or no elements): the frozen encoder's prompt-free path. With
         `prompted=False`, plain CLIP's `encode_image`. `persist`: the last prompted block's prompt outputs go on
-        through the later blocks (MaPLe's vision tower; `encode_image_prompted`)."""
+        through the later blocks (MaPLe's vision tower; `encode_image_prompted`). `images` may be rows of the
+        frozen-feature cache (`FrozenImages`: their features, where no prompt is given)."""
+        if isinstance(images, FrozenImages):
+            return images.read("features", visual if prompted else None)
         images = self.normalize(images)
         if not prompted:
             return F.normalize(self.clip.encode_image(images), dim=-1)
         prompts = visual if visual is not None and visual.numel() else None
         return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, persist=persist,
                                                  checkpointed=self.checkpointing), dim=-1)
+
+    @property
+    def image_token_count(self) -> int:
+        """1 + P: the output tokens of `image_tokens` (the class token and the patches) of a ViT tower."""
+        grid = getattr(self.clip.visual, "grid_size", None)
+        if grid is None:
+            raise ConfigError(f"{type(self.clip.visual).__name__} has no patch tokens: image_tokens needs a ViT tower")
+        return 1 + int(grid[0]) * int(grid[1])
 
     @property
     def vision_width(self) -> int:
@@ -286,9 +299,11 @@ class PromptedCLIP(nn.Module):
         text = text_features.to(self.logit_scale.device)
         return lambda images: self.logits(self.image_features(images, prompted=False), text)
 
-    def image_tokens(self, images: Tensor, visual: Tensor | None = None) -> Tensor:
+    def image_tokens(self, images: Tensor | FrozenImages, visual: Tensor | None = None) -> Tensor:
         """(B, 1 + N, D) unit-norm projected output tokens (class token first, then the patches), with the
-        visual prompts `visual` (None: none)."""
+        visual prompts `visual` (None: none); of `FrozenImages`, their cached tokens (no prompt given)."""
+        if isinstance(images, FrozenImages):
+            return images.read("tokens", visual)
         images = self.normalize(images)
         prompts = visual if visual is not None and visual.numel() else None
         return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, return_tokens=True), dim=-1)

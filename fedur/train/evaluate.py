@@ -228,7 +228,8 @@ def evaluate_global(host: Host, server_model: ServerModel | None, held_out: Held
     rows = host.global_rows if held_out is None else held_out.rows
     labels = host.dataset.test.labels[rows] if held_out is None else held_out.labels
     plan = in_batches(np.arange(len(rows)), host.work.eval_batch_size)[fabric.global_rank::fabric.world_size]
-    batches = zip(host.images.batches("test", [rows[b] for b in plan]), (torch.from_numpy(labels[b]) for b in plan))
+    batches = zip(host.batches("test", [rows[b] for b in plan], zero_shot=server_model is None),
+                  (torch.from_numpy(labels[b]) for b in plan))
     mine = None if bins is None else torch.zeros_like(bins)
     counts = scored_counts(fabric, host.method, model, server_model, batches, mine)
     if bins is not None:

@@ -4,12 +4,13 @@ A process (a Fabric rank) holds one frozen backbone (in the tuner), the data, an
 hosts (none on a spare rank, when there are more ranks than clients): it is their `Host`. Clients are run in
 units: one client, or a group of run.clients_per_step consecutive client ids, whose images go through the
 method's grouped forward together (fedur/methods/forward.py), in training (fedur/train/local.py) as in
-pseudo-labelling and evaluation (`predict`).
+pseudo-labelling and evaluation (`predict`). Every pass reads its batches through `batches`: rows of the frozen-feature
+cache where the pass's image tower carries no prompt (data.feature_cache: fedur/train/features.py), else the images.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +27,8 @@ from fedur.federated.collectives import Collectives
 from fedur.methods import forward
 from fedur.methods.base import ClientData, Method
 from fedur.model.classifier import PromptedCLIP
+from fedur.model.frozen import FrozenImages, Reads
+from fedur.train.features import RunFeatures
 from fedur.train.memory import MemoryEstimate
 from fedur.train.module import PromptTuner
 from fedur.train.progress import QUIET, Progress
@@ -86,6 +89,9 @@ class Host:
     test_owners: np.ndarray | None = None  # (n_test,) int64: the training client each test row is scored for in the
     # global protocol (the lowest id among the training clients holding it), -1 for a row none holds (setup.py)
     held_out: list[HeldOutSet] = field(default_factory=list)  # evaluation.base_to_novel's novel classes, a held-out domain
+    features: RunFeatures | None = None  # data.feature_cache: every image's frozen features (None: off)
+    tower: Reads | None = None  # what the method's logits read of the image tower where it carries no prompt
+    # (forward.frozen_reads: "features", "tokens"); None: images (a prompted tower)
     secret_seed: int | None = None  # the run's secret seed, where it draws secret noise (fedur/train/fit.py)
     memory: MemoryEstimate | None = None  # rank 0's estimate of a unit's peak memory (run.memory_estimate), else None
     label_free: LabelFreeSettings = field(default_factory=LabelFreeSettings)  # estimates, choice (train/label_free.py)
@@ -127,6 +133,23 @@ class Host:
             groups.setdefault(client.client_id // size, []).append(client)
         return [groups[g] for g in sorted(groups)]
 
+    def reads(self, zero_shot: bool = False) -> Reads | None:
+        """What a pass of the method's model (`zero_shot`: of zero-shot CLIP) reads of the frozen-feature cache:
+        "features", "tokens", or None (images: the cache is off, or the method's tower carries a prompt)."""
+        if self.features is None:
+            return None
+        return "features" if zero_shot else self.tower
+
+    def batches(self, split: Literal["train", "test"], plan: list[np.ndarray],
+                zero_shot: bool = False) -> Iterator[Tensor | FrozenImages]:
+        """The batches of a pass over `split`, one per array of rows of `plan`, as the method's model (`zero_shot`:
+        zero-shot CLIP) reads them: rows of the frozen-feature cache (`FrozenImages`) where its image tower carries no
+        prompt (`reads`), else the images (ImageLoader.batches: consume it to the end before the next pass)."""
+        reads = self.reads(zero_shot)
+        if reads is None:
+            return self.images.batches(split, plan)
+        return (self.features.batch(split, rows, reads) for rows in plan)
+
     def gather(self, values: dict[int, Tensor], like: Tensor, what: str) -> Tensor:
         """(K, *like.shape): row k is client k's value, from whichever rank hosts it. Every rank calls this."""
         return self.collectives.gather_clients(values, self.num_clients, like=like, what=what)
@@ -163,7 +186,7 @@ class Host:
         data = getattr(self.dataset, split)
         true = torch.from_numpy(data.labels[rows]) if data.labelled else torch.full((len(rows),), UNLABELLED, device="cpu")
         plan = in_batches(np.arange(len(rows)), self.work.eval_batch_size)  # positions in the unit's pass
-        batches = zip(self.images.batches(split, [rows[b] for b in plan]), plan)
+        batches = zip(self.batches(split, [rows[b] for b in plan], zero_shot), plan)
         if show:
             who = f"client {unit[0].client_id}" if len(unit) == 1 else f"clients {unit[0].client_id}-{unit[-1].client_id}"
             batches = self.progress.iterate(batches, f"{who} batches", total=len(plan))
@@ -206,8 +229,10 @@ class Host:
     @torch.no_grad()
     def train_features(self, client: ClientState, positions: np.ndarray | None = None) -> Tensor:
         """(n, D) frozen CLIP image features (no prompts) of the client's train images at `positions` (None:
-        all), float32 on CPU (what `client_data` reads)."""
+        all), float32 on CPU (what `client_data` reads): read from the frozen-feature cache where it is on."""
         indices = client.train_indices if positions is None else client.train_indices[positions]
+        if self.features is not None:
+            return self.features.features("train", indices).float()
         features = []
         with self.fabric.autocast():
             for images in self.images.batches("train", in_batches(indices, self.work.eval_batch_size)):

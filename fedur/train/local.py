@@ -15,6 +15,7 @@ from fedur.federated.client import ClientState, to_cpu
 from fedur.federated.streams import client_generator
 from fedur.labels.base import PseudoLabels
 from fedur.methods.base import LocalRound, LocalStep
+from fedur.model.frozen import FrozenImages
 from fedur.model.precision import ieee_float32_matmuls
 from fedur.train import faults
 
@@ -94,7 +95,7 @@ def _train_unit(host: Host, clients: list[ClientState], round_idx: int, optimize
     who = f"client {clients[0].client_id}" if len(clients) == 1 else f"clients {', '.join(str(c.client_id) for c in clients)}"
     for epoch in progress.iterate(range(optim.local_epochs), f"{who} epochs"):
         plan = within_limits(epoch_plan(clients, generators, work.batch_size), steps, limits)
-        images = iter(host.images.batches("train", [selected[k][b.numpy()] for step in plan for k, b in step]))
+        images = iter(host.batches("train", [selected[k][b.numpy()] for step in plan for k, b in step]))  # or cached rows
         for step in plan:
             order = [k for k, _ in step]
             batches = [fabric.to_device(batch_of(clients[k].pseudo_labels, b, next(images))) for k, b in step]
@@ -145,7 +146,8 @@ def within_limits(plan: list[list[tuple[int, Tensor]]], taken: list[int], limits
     return out
 
 
-def batch_of(labels: PseudoLabels, positions: Tensor, images: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A training batch of a client: its images, their pseudo-labels (B,), the labeller's class mask (B, C) and
-    their rows (B,): positions in the client's train images."""
+def batch_of(labels: PseudoLabels, positions: Tensor,
+             images: Tensor | FrozenImages) -> tuple[Tensor | FrozenImages, Tensor, Tensor, Tensor]:
+    """A training batch of a client: its images (or their rows of the frozen-feature cache), their pseudo-labels
+    (B,), the labeller's class mask (B, C) and their rows (B,): positions in the client's train images."""
     return images, labels.labels[positions], labels.mask[positions], labels.indices[positions]

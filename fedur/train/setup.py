@@ -12,6 +12,7 @@ from lightning import Fabric
 from fedur.config import Config, new_client_count
 from fedur.data.cache import CacheOptions, prepare_splits, stderr_progress
 from fedur.data.datasets import DataOptions, ImageDataset, prepare_dataset
+from fedur.data.features import split_identity
 from fedur.data.held_out import hold_out
 from fedur.data.loaders import ImageLoader
 from fedur.data.partition import PartitionError, PartitionSpec, Parts, class_histogram, split_clients
@@ -21,9 +22,11 @@ from fedur.federated.client import ClientState
 from fedur.federated.collectives import Collectives
 from fedur.federated.placement import clients_on_rank
 from fedur.federated.streams import validation_count, validation_positions
+from fedur.methods.forward import frozen_reads
 from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
+from fedur.train.features import open_run_features, text_spec, tower_spec, wanted_files, zero_shot_text
 from fedur.train.host import HeldOutSet, Host, LabelFreeSettings, LocalWork
 from fedur.train.memory import MemoryEstimate, ModelSpec, estimate_memory
 from fedur.train.module import PromptTuner
@@ -97,12 +100,15 @@ def setup(
     model.shared_prefix_text, model.checkpointing = cfg.model.shared_prefix_text, cfg.model.checkpointing
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     start = initial_values(method.pieces(), model, cfg.run.seed)  # every client starts from these, held on the CPU
+    tower = tower_spec(fabric, model, cfg.model.name, clip.preprocess) if d.feature_cache else None  # weights on the CPU
+    text = text_spec(fabric, clip, cfg.model.name) if d.feature_cache else None
     tuner = PromptTuner(model, method, labeller).to(fabric.device)
     if method.trains and not tuner.trained_names(start):
         raise SetupError(f"nothing to train: {type(method).__name__} has no prompt or other piece with elements "
                          f"({', '.join(start) or 'none declared'}) with model.n_ctx={cfg.model.n_ctx} and "
                          f"model.visual_tokens={cfg.model.visual_tokens}")
-    model.zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device)  # after the move
+    model.zero_shot_text = zero_shot_weights(clip, dataset.classnames, dataset.template, fabric.device) if text is None \
+        else zero_shot_text(fabric, clip, text, dataset.classnames, dataset.template, cfg.dataset.cache_key, d.cache_dir)
     local_ids = clients_on_rank(fed.num_clients, fabric.world_size, fabric.global_rank, cfg.run.clients_per_step)
     clients = [ClientState(k, train_parts[k], test_parts[k], dict(start),
                            **({} if validation_parts is None else {"validation_indices": validation_parts[k]}))
@@ -115,8 +121,19 @@ def setup(
     test_owners = owners_of(test_parts, training, len(dataset.test))
     held = [HeldOutSet(h.name, h.rows, h.labels(dataset.test.labels), model.for_classes(h.classnames, dataset.template)
                        if h.classnames != dataset.classnames else model) for h in held_out]
+    features = reads = None
+    if d.feature_cache:  # what the frozen tower gives every image, computed once (rank 0 first; the others open it)
+        reads = frozen_reads(method, model, {name: t.to(fabric.device) for name, t in start.items()})
+        splits = {name: (split_identity(split, name, cfg.dataset.cache_key, kept), len(kept))
+                  for name, split, kept in zip(("train", "test"), raw, (loading.train_kept, loading.test_kept))}
+        wanted = wanted_files(model, tower, cfg.dataset.cache_key, splits, reads)
+        with fabric.rank_zero_first():
+            features = open_run_features(fabric, model, images, wanted, d.cache_dir,
+                                         stderr_progress() if fabric.is_global_zero and cfg.run.progress else None)
+        if reads is not None:  # no pass reads an image from here on: the build's loader workers stop
+            images.close()
     host = Host(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start, training,
-                test_owners, held, memory=memory_estimate(cfg, dataset.classnames, fabric))
+                test_owners, held, features=features, tower=reads, memory=memory_estimate(cfg, dataset.classnames, fabric))
     host.label_free = LabelFreeSettings(validation_parts is not None, cfg.evaluation.estimator,
                                         cfg.evaluation.select == "label_free")
     return host, truth, loading.skipped
