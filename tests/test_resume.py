@@ -260,7 +260,8 @@ RESUMED = [*(name for name in method_cases() if "+" not in name and plugins.by_k
            "promptprox-grip", "gdau-join", "scaffold-join", "adapter", "fedur-new-clients",
            "fedur-private-central", "scaffold-private-local",  # ZeroShot has no round; privacy: its ledger and clip
            "fedur-stragglers", "fedcopl-attacked",  # the virtual clock, lost uploads, an attacker's stream
-           "promptfl-flipped-krum", "fedur-scaled-clipped"]  # the other attacks' and aggregators' kinds
+           "promptfl-flipped-krum", "fedur-scaled-clipped",  # the other attacks' and aggregators' kinds
+           "fedur-fedbuff", "promptfl-fedasync"]  # an asynchronous server, killed with jobs in flight
 
 
 @pytest.mark.parametrize("name", RESUMED)

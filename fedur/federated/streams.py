@@ -84,3 +84,15 @@ def chosen(num_clients: int, count: int, seed: int, what: int = ATTACKERS) -> li
 def attack_generator(seed: int, client_id: int, round_idx: int) -> torch.Generator:
     """The stream of an attacker's garbage (adversary.attack gaussian) in round `round_idx`."""
     return torch.Generator().manual_seed(_seed(seed, _SYSTEM, ATTACK_NOISE, round_idx, client_id))
+
+
+_SERVER_STARTS = 6  # an asynchronous server's draws of who starts (server.mode fedbuff | fedasync)
+
+
+def starters(idle: list[int], count: int, seed: int, step: int) -> list[int]:
+    """`count` of the `idle` client ids, drawn uniformly without replacement to start after asynchronous server step
+    `step` (from 0; -1: at time 0, before the first), ascending; all of them where `count` is as many."""
+    if count >= len(idle):
+        return sorted(idle)
+    rng = np.random.default_rng(_seed(seed, _SERVER_STARTS, step + 1))
+    return sorted(int(k) for k in rng.choice(np.asarray(idle), size=count, replace=False))

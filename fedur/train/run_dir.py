@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from fedur.config import DIGEST, FILE_SETTINGS, GROUPS, file_digest, plugin_described, renamed
+from fedur.config import DIGEST, FILE_SETTINGS, GROUPS, RESULT_NEUTRAL, file_digest, plugin_described, renamed
 from fedur.errors import FedurError
 from fedur.train import checkpoint
 
@@ -186,8 +186,9 @@ ADDED_SETTINGS = {
     "optim.warmup_epochs": 0,
     "optim.warmup_lr": 1e-5,
     "privacy.mode": "none",
-    **{f"{group}.{f.name}": f.default for group in ("clock", "adversary", "aggregator")  # clients that drop, lag,
-       for f in fields(GROUPS[group])},  # misbehave, and the aggregator: their defaults
+    **{f"{group}.{f.name}": f.default for group in ("clock", "adversary", "aggregator", "server")  # clients that drop,
+       for f in fields(GROUPS[group]) if f"{group}.{f.name}" not in RESULT_NEUTRAL},  # lag, misbehave, the aggregator
+    # and when the server steps: their defaults
 }
 
 
