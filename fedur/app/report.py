@@ -135,12 +135,18 @@ def run_row(run: Run) -> list[str]:
         partition += f" (beta {fed.get('beta')})"
     means = [r["mean_accuracy"] for r in run.rounds]
     wall = run.summary.get("wall_seconds") if run.complete else sum(r["round_seconds"] for r in run.rounds)
+    planned = run.rounds[-1]["rounds"] if steps(run) else fed.get("rounds", "?")  # (an asynchronous server's: steps)
     return [
         run.name, (run.summary or {}).get("dataset") or dataset_name(run.settings), partition, str(fed.get("num_clients", "?")),
-        f"{len(run.rounds)}/{fed.get('rounds', '?')}", _pct(run.zero_shot.get("zero_shot_client_mean")),
+        f"{len(run.rounds)}/{planned}", _pct(run.zero_shot.get("zero_shot_client_mean")),
         _pct(means[-1] if means else None), _best_at(means),
         format_duration(wall) + ("" if run.complete else " so far"), "complete" if run.complete else "incomplete",
     ]
+
+
+def steps(run: Run) -> bool:
+    """Whether the run's lines are an asynchronous server's steps (docs/asynchronous.md): it counts steps, not rounds."""
+    return bool(run.rounds) and "version" in run.rounds[-1]
 
 
 def client_rows(run: Run) -> list[list[str]]:

@@ -51,8 +51,7 @@ def run_step(host: Host, state: RunState, step_idx: int, plan: RoundPlan) -> Rou
 
     divergence = prompt_divergence(host, started, drawn.weights, channel)
     method_metrics = exchange(host, state.server, channel, drawn, local, (step_idx + 1, plan.rounds))
-    landed = {job.client for job in arrivals}
-    state.flights = Flights(events, {k: w for k, w in state.flights.class_weights.items() if k not in landed})
+    state.flights = state.flights.landed(events, {job.client for job in arrivals})
     state.virtual_seconds = events.now
     clock.lap("aggregate")
 

@@ -27,6 +27,10 @@ class Flights:
     events: Events
     class_weights: dict[int, Tensor | None] = field(default_factory=dict)  # {client in flight: (C,) or None}
 
+    def landed(self, events: Events, clients: set[int]) -> Flights:
+        """After a step: its `events`, without the class weights of the jobs of `clients`, which it applied."""
+        return Flights(events, {k: w for k, w in self.class_weights.items() if k not in clients})
+
     def state_dict(self) -> dict:
         return {"events": self.events.state_dict(), "class_weights": {str(k): w for k, w in self.class_weights.items()}}
 
