@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 TIMING = {"round_seconds", "phase_seconds"}
-SUMMARY_SKIP = {"wall_seconds", "startup_seconds", "settings", "placement"}  # timings, and what the compare reads apart
+SUMMARY_SKIP = {"wall_seconds", "startup_seconds", "settings", "placement"}  # timings, and what may differ by design
 
 
 def fedur_plugins() -> tuple[list[type], list[str]]:

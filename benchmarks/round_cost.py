@@ -10,7 +10,8 @@ all blocks but the last), on random images already on the device:
   train     prompted training forward + backward at batch 64 (`PromptedCLIP.forward`, cross-entropy,
             backward; no optimizer step), with `model.shared_prefix_text` off and on, alternating:
             images/s, FLOPs per step, achieved FLOP rate as a fraction of the measured matmul rate, peak
-            memory
+            memory, and fedur's estimate of it made before any compute (fedur/train/memory.py: the same step on
+            fake tensors)
   eval      pseudo-labelling / evaluation forward, no grad, batch 256 (the text side computed once per
             pass, as the round loop does): images/s, FLOPs, fraction of the matmul rate, peak memory
   bytes     what each client sends per round: the visual prompt (float32) plus, in a refresh round, the
@@ -266,6 +267,16 @@ class Bench:
         model = PromptedCLIP(clip, class_names(n_classes), self.args.n_ctx, self.args.visual_tokens, None, 0.02, seed=1)
         return model.to(self.device)
 
+    def estimate(self, name: str, n_classes: int) -> int | None:
+        """fedur's estimate of this training step's peak memory, made before any compute (fedur/train/memory.py): the
+        same model, prompts, method and batch on fake tensors; None for a fedur without it."""
+        try:
+            from fedur.train.memory import ModelSpec, estimate_memory
+        except ImportError:
+            return None
+        spec = ModelSpec(name, tuple(class_names(n_classes)), self.args.n_ctx, self.args.visual_tokens, None)
+        return estimate_memory(spec, METHOD, self.args.train_batch, 2, precision="bf16-mixed" if self.bf16 else "32-true").train_bytes
+
     def pieces(self, model: PromptedCLIP) -> dict[str, torch.Tensor]:
         """A client's pieces as the method declares them (their initial values, run.seed 1), on the device and
         trained: leaves that require grad, as local training makes them."""
@@ -351,7 +362,8 @@ class Bench:
         timed = alternate(steps, self.device, self.memory, args.min_seconds, args.max_reps)
         if has_switch:
             model.shared_prefix_text = True  # fedur's default
-        out = {"batch": args.train_batch, "image_flops_per_image": image_flops_per_image, "shared_switch": has_switch}
+        out = {"batch": args.train_batch, "image_flops_per_image": image_flops_per_image, "shared_switch": has_switch,
+               "estimated_bytes": self.estimate(name, n_classes)}
         for key, t in timed.items():
             flops = image_flops_per_image * args.train_batch + text_flops[key]
             out[key] = {**t, "images_per_s": args.train_batch / t["median"], "flops_per_step": flops,
@@ -550,6 +562,11 @@ def mem(t: dict) -> str:
     return human_bytes(t["peak_bytes"]) + extra
 
 
+def estimated(t: dict) -> str:
+    """fedur's estimate of the step's peak tensor memory (weights included), where it was made."""
+    return human_bytes(t["estimated_bytes"]) if t.get("estimated_bytes") is not None else "-"
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f}" if seconds < 10 else f"{seconds * 1000:,.0f}"
 
@@ -614,8 +631,8 @@ def markdown(results: dict) -> str:
             "both prompts; no optimizer step. FLOP rate: the step's counted FLOPs / its time, and as a share of the "
             "matmul rate above.",
             "",
-            "| model | classes | img/s text off | img/s text on | step speed-up | GFLOP / step (on) | GFLOP/s (on) | % of matmul rate | peak memory | reps |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| model | classes | img/s text off | img/s text on | step speed-up | GFLOP / step (on) | GFLOP/s (on) | % of matmul rate | peak memory | estimated before any compute | reps |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for k, t in train_rows:
             model, c = k.split("|")
@@ -624,12 +641,12 @@ def markdown(results: dict) -> str:
                 f"| {model} | {c} | {t['off']['images_per_s']:,.1f} | "
                 f"{t['on']['images_per_s']:,.1f} | x{t.get('speedup', float('nan')):.2f} | "
                 f"{on['flops_per_step'] / 1e9:,.1f} | {on['flops_per_s'] / 1e9:,.1f} | "
-                f"{100 * on['flops_per_s'] / rate(t):.1f}% | {mem(on)} | "
+                f"{100 * on['flops_per_s'] / rate(t):.1f}% | {mem(on)} | {estimated(t)} | "
                 f"{len(on['seconds'])} |"
                 if "on" in t else
                 f"| {model} | {c} | {t['off']['images_per_s']:,.1f} | (no switch) | | "
                 f"{on['flops_per_step'] / 1e9:,.1f} | {on['flops_per_s'] / 1e9:,.1f} | "
-                f"{100 * on['flops_per_s'] / rate(t):.1f}% | {mem(on)} | {len(on['seconds'])} |"
+                f"{100 * on['flops_per_s'] / rate(t):.1f}% | {mem(on)} | {estimated(t)} | {len(on['seconds'])} |"
             )
         lines.append("")
     eval_rows = [(k, micro[k]["eval"]) for k in keys if "error" not in micro[k].get("eval", {"error": 1})]

@@ -62,7 +62,12 @@ class ModelConfig:
     shared_prefix_text: bool = True
     """Text tower: encode the start token and the context once for all classes (they are the same for every
     class under the causal mask) and only the class tokens per class. Exact up to float rounding; 3-6x less
-    text-tower work for ViT-B/32 at 10-200 classes (docs/performance.md). false: every class in full."""
+    text-tower work for ViT-B/32 at 10-200 classes (docs/performance.md). false: every class in full. A text tower
+    without a causal mask (SigLIP's) always computes every class in full."""
+    checkpointing: bool = False
+    """Activation checkpointing of the prompted towers: in a training step each block's activations are recomputed in
+    the backward pass instead of kept (the same values and gradients; a big backbone's step in a fraction of the
+    memory, for one more forward of each block: docs/backbones.md)."""
 
 
 @dataclass
@@ -316,6 +321,13 @@ class RunConfig:
     """Also print the local training loss every n optimizer steps (0: only per round)."""
     progress: bool = True
     """Rank 0 shows progress bars with the time left (rounds, clients, epochs, pseudo-labelling)."""
+    loggers: list[Literal["tensorboard", "csv", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])
+    """Where the scalars, the settings and the figures also go, on rank 0 (docs/outputs.md): TensorBoard (RUN/tensorboard),
+    CSV files (RUN/csv), Weights & Biases (offline in RUN/wandb unless WANDB_MODE says otherwise) and MLflow (a file
+    store in RUN/mlruns unless MLFLOW_TRACKING_URI names one); [] for the run's own files only."""
+    memory_estimate: Literal["auto", "on", "off"] = "auto"
+    """Estimate a client's peak memory before any compute (the model, method and batch on fake tensors, a few seconds),
+    print it at the start and write it to summary.json's memory: on a GPU (auto), always (on) or never (off)."""
     figures: bool = True
     """Draw the heatmaps: the split per client and class (partition_train.png, partition_test.png), each refresh's
     selected pseudo-labels and the final confusion matrix, as PNG files and TensorBoard images. false: the numbers
@@ -434,12 +446,12 @@ def renamed(flat: dict) -> dict:
 # fedur's own settings that do not change what a run computes: a resumed run may change them freely. A plugin's
 # (method.*, labeller.*, dataset.*) are its class's to say: its `result_neutral` (`neutral_settings`).
 RESULT_NEUTRAL = {
-    "model.cache_dir", "data.num_workers", "data.cache", "data.cache_dir",
+    "model.cache_dir", "model.checkpointing", "run.memory_estimate", "data.num_workers", "data.cache", "data.cache_dir",
     "federation.rounds", "server.steps", "server.evaluate_every", "server.evaluate_unit", "optim.eval_batch_size",
     "evaluation.global_model", "evaluation.membership_attack",
     "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
-    "run.threads", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "run.figures", "fabric.accelerator",
+    "run.threads", "run.loggers", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "run.figures", "fabric.accelerator",
     "fabric.devices", "fabric.num_nodes", "fabric.strategy",
 }
 

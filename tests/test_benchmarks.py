@@ -370,6 +370,22 @@ def test_privacy_selection_tables_a_grids_finished_runs_and_fails_on_none(tmp_pa
     assert exit_code(benchmark("privacy_selection").main, [str(empty)]) == 1
 
 
+def test_backbone_matrix_on_two_families(tmp_path):
+    assert exit_code(benchmark("backbone_matrix").main, ["--models", "ViT-B-32,RN50", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "backbone_matrix.md").read_text()
+    assert "| `RN50` | open_clip ModifiedResNet" in report and "`RN50`, `FedUR`: FedUR cannot run on RN50" in report
+    assert exit_code(benchmark("backbone_matrix").main, ["--models", "no-such-model", "--out", str(tmp_path)]) == 1
+
+
+@pytest.mark.slow  # six estimates and four measured steps: 8 s
+def test_memory_estimate_smallest(tmp_path):
+    args = ["--parts", "vits,tiny", "--models", "fedur-tiny", "--families", "fedur-tiny", "--batch", "4", "--eval-batch", "4",
+            "--out", str(tmp_path)]
+    assert exit_code(benchmark("memory_estimate").main, args) == 0
+    report = (tmp_path / "memory_estimate.md").read_text()
+    assert "| fedur-tiny | 32-true | on |" in report and "| fedur-tiny | fedur-tiny | FedUR | off |" in report
+
+
 def test_every_benchmark_has_a_smoke_here():
     """A benchmark added to benchmarks/ without a smoke in this file fails here."""
     source = Path(__file__).read_text()

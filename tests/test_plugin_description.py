@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from fedur.app.cli import MESSAGES, legacy_keys, parse_config
-from fedur.config import result_settings
+from fedur.config import RESULT_NEUTRAL, result_settings
 from fedur.errors import CommandLineError
 from fedur.train.run_dir import changed_settings
 
@@ -159,7 +159,9 @@ def test_fedur_plugins_record_and_compare_the_same_settings_as_before(plugins):
     flat = flat_settings(cfg.settings)
     settings = result_settings(cfg.settings)
     off = {k for k in flat if k.startswith("privacy.") and k != "privacy.mode"}  # privacy off: only its mode is recorded
-    assert settings == {k: v for k, v in flat.items() if k not in OLD_RESULT_NEUTRAL | off}  # the checkpoints' record
+    assert OLD_RESULT_NEUTRAL <= RESULT_NEUTRAL | {"dataset.root", "dataset.download"}  # what changed nothing still does not
+    added = RESULT_NEUTRAL - OLD_RESULT_NEUTRAL  # settings added since, result-neutral from their start
+    assert settings == {k: v for k, v in flat.items() if k not in OLD_RESULT_NEUTRAL | added | off}  # the checkpoints' record
     old_run = {k: v for k, v in settings.items() if k not in OLD_ADDED_SETTINGS}  # a checkpoint from before them
     for now in (settings, {**settings, **{k: "other" for k in OLD_ADDED_SETTINGS if k in settings}}):
         as_before = {**{k: v for k, v in OLD_ADDED_SETTINGS.items() if k in now}, **old_run}  # run_dir.py's rule then

@@ -275,6 +275,24 @@ def test_grids_resolve_to_configs_and_real_settings():
     assert len(expand(GRIDS["table7"], [1, 2, 3], Path("x"))) == 16 * 5 * 3
 
 
+@pytest.mark.slow  # eight skeletons built: 3 s
+def test_the_backbone_grid_says_what_each_backbone_takes_and_skips_what_it_cannot():
+    from fedur.app.tables.grids import BACKBONES
+    from fedur.model.clip import backbone_features, register_model_config
+
+    register_model_config(None)
+    for name, _tag, _label, takes in BACKBONES:
+        assert backbone_features(name)[1] == takes, name
+    columns = {c.flags[1] + ":" + c.flags[3]: c for c in GRIDS["backbones"].columns}
+    assert columns["RN50:openai"].skip_rows == ("fedcopl", "fedur")
+    assert columns["ViT-B-16-SigLIP:webli"].skip_rows == ("fedotp+fpl", "fedotp+cpl")
+    specs = expand(GRIDS["backbones"], [1], Path("x"))
+    assert not any(s.row.key in s.column.skip_rows for s in specs) and len(specs) == 12 * 8 - 2 * 4
+    assert [c.dataset for c in GRIDS["coop"].columns] == ["imagenet", "caltech101", "oxford_pets", "stanford_cars",
+                                                          "oxford_flowers", "food101", "fgvc_aircraft", "sun397", "dtd",
+                                                          "eurosat", "ucf101"]
+
+
 def test_paper_numbers_are_consistent():
     # The paper's Average columns are the means of its cells (to rounding).
     for table, settings in PAPER_AVERAGE.items():

@@ -12,8 +12,10 @@ from fedur.config import Config, new_client_count
 from fedur.data.split_file import count_clients
 from fedur.errors import ConfigError
 from fedur.launch_env import LaunchEnv
+from fedur.methods.backbones import check_backbone
 from fedur.model.clip import check_model
 from fedur.train import faults
+from fedur.train.trackers import check_trackers
 
 
 def settle(cfg: Config, env: LaunchEnv) -> Config:
@@ -84,6 +86,11 @@ def check(cfg: Config, env: LaunchEnv) -> None:
               file=sys.stderr)
     if env.precision_warning(cfg.fabric) and env.is_rank_zero:
         print(f"fedur: warning: {env.precision_warning(cfg.fabric)}", file=sys.stderr)
+    if cfg.dataset.test_only:
+        raise ConfigError(f"{type(cfg.dataset).__name__} is a test set only; train on another dataset (ImageNet for ImageNet's "
+                          f"shifted sets) and test the run on it with fedur-cross-dataset RUN --dataset {type(cfg.dataset).__name__}")
     faults.injected()
     check_model(cfg.model.name, cfg.model.pretrained, cfg.model.config_file, cfg.model.cache_dir)
+    check_backbone(cfg.method, cfg.model.name, cfg.model.visual_tokens)  # the method's prompts fit the model's towers
+    check_trackers(cfg.run.loggers)  # every run.loggers library is installed
     cfg.dataset.check()

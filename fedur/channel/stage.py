@@ -35,7 +35,7 @@ class Stages:
         try:
             return self.__dict__["groups"][group]
         except KeyError:
-            raise AttributeError(group) from None  # internal: Python's attribute protocol (no such group)
+            raise AttributeError(group) from None  # internal: attribute lookup (getattr with a default reads it)
 
 
 @dataclass(frozen=True)

@@ -4,4 +4,4 @@ Importing the package imports every built-in `Dataset` subclass, so that jsonarg
 and `fedur.data.datasets.dataset_classes()` find them.
 """
 
-from fedur.data import benchmarks, cifar, clients, datasets, domains  # noqa: F401  (defines the Dataset subclasses)
+from fedur.data import benchmarks, cifar, clients, coop, datasets, domains, imagenet  # noqa: F401  (defines the Dataset subclasses)

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from fedur.data.coop import DTD_COOP, check_coop, fetch_missing, read_coop_split
 from fedur.data.datasets import Dataset
 from fedur.data.images import (
     DataUnavailableError,
@@ -56,16 +57,27 @@ def _listed_split(
     return paths, labels
 
 
-def check_dtd(root: Path) -> None:
+def check_dtd(root: Path, download: bool = False) -> None:
+    if (root / DTD_COOP.split_file).is_file() or (download and not (root / "class_names.txt").exists()):
+        check_coop("DTD", root, DTD_COOP, download)  # CoOp's layout: there, or to be downloaded into root
+        return
     for name in ("class_names.txt", "train.txt", "val.txt", "test.txt"):
-        require_file(root / name, f"DTD's {name} (ELEVATER layout)")
+        require_file(root / name, f"DTD's {name} (ELEVATER layout; or CoOp's {DTD_COOP.split_file} + images/)")
 
 
-def load_dtd(root: Path) -> ImageDataset:
-    """root/class_names.txt: 47 names, line i = label i.
-    root/{train,val,test}.txt: "<path> <label>" lines; a zip prefix "<x>.zip@" in <path> is dropped.
-    root/{train,val,test}/<path>: the images. Train = train.txt + val.txt, test = test.txt."""
-    check_dtd(root)
+def load_dtd(root: Path, include_val: bool = False, download: bool = False) -> ImageDataset:
+    """In one of two layouts, found by their files:
+    - ELEVATER's: root/class_names.txt: 47 names, line i = label i.
+      root/{train,val,test}.txt: "<path> <label>" lines; a zip prefix "<x>.zip@" in <path> is dropped.
+      root/{train,val,test}/<path>: the images. Train = train.txt + val.txt, test = test.txt.
+    - CoOp's: root/split_zhou_DescribableTextures.json and root/images/ (fedur.data.coop); train = its "train" part
+      (+ "val" with `include_val`), test = "test". Downloaded into root (torchvision) with `download`.
+    The template is FedCoPL's in both (CoOp's is '{} texture.': data.template)."""
+    check_dtd(root, download)
+    if (root / DTD_COOP.split_file).is_file() or download and not (root / "class_names.txt").exists():
+        fetch_missing(root, DTD_COOP, download)
+        names, splits = read_coop_split(root / DTD_COOP.split_file, root / DTD_COOP.images, include_val)
+        return ImageDataset("dtd", names, BENCHMARK_TEMPLATE, splits["train"], splits["test"])
     names_file = root / "class_names.txt"
     names = _names(read_class_names(names_file))
 
@@ -78,25 +90,31 @@ def load_dtd(root: Path) -> ImageDataset:
 
 
 class DTD(Dataset):
-    """The Describable Textures Dataset (47 classes), in ELEVATER's layout.
+    """The Describable Textures Dataset (47 classes), in ELEVATER's layout or CoOp's.
 
-    root/class_names.txt, root/{train,val,test}.txt and the images under root/{train,val,test}/.
-    Train = train + val, test = test.
+    ELEVATER's: root/class_names.txt, root/{train,val,test}.txt and the images under root/{train,val,test}/;
+    train = train + val, test = test. CoOp's (used when its split file is there): root/split_zhou_DescribableTextures.json
+    and root/images/; train = its "train" part, test = its "test" part.
 
     Args:
-        root: Dataset directory holding class_names.txt, train.txt, val.txt, test.txt and the image folders.
+        root: Dataset directory holding one of the two layouts.
+        include_val: DTD in CoOp's layout: add its split file's "val" images to the train split.
+        download: No copy in root: download DTD there in CoOp's layout (torchvision; the split file from CoOp's
+            Google Drive, which needs gdown).
     """
 
     key = "dtd"
+    added_settings = {"include_val": False}  # runs before CoOp's layout read ELEVATER's, where it changes nothing
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, include_val: bool = False, download: bool = False):
         self._set_root(root)
+        self.include_val, self.download = include_val, download
 
     def check(self) -> None:
-        check_dtd(self._require_root())
+        check_dtd(self._require_root(), self.download)
 
     def load(self, seed: int) -> ImageDataset:
-        return load_dtd(self._require_root())
+        return load_dtd(self._require_root(), self.include_val, self.download)
 
 
 def check_resisc45(root: Path) -> None:
@@ -308,28 +326,5 @@ class UCF101(Dataset):
 
 
 def _load_ucf101_coop(root: Path, include_val: bool) -> ImageDataset:
-    split_file = root / UCF101_COOP_SPLIT
-    try:
-        splits = json.loads(read_text(split_file))
-        items = {s: [(str(p), int(label), str(name)) for p, label, name in splits[s]] for s in ("train", "val", "test")}
-    except (ValueError, KeyError, TypeError) as err:
-        raise DataUnavailableError(
-            f"{split_file}: expected CoOp's split JSON {{'train'|'val'|'test': [[path, label, classname], ...]}}; {err}"
-        ) from err
-    by_label: dict[int, str] = {}
-    for _path, label, name in (entry for split in items.values() for entry in split):
-        if by_label.setdefault(label, name) != name:
-            raise DataUnavailableError(f"{split_file}: label {label} is named both {by_label[label]!r} and {name!r}")
-    if sorted(by_label) != list(range(len(by_label))):
-        raise DataUnavailableError(f"{split_file}: labels must be 0..C-1; found {sorted(by_label)[:5]}...")
-    names = _names([by_label[c] for c in range(len(by_label))])
-    images = root / UCF101_COOP_IMAGES
-    result = {}
-    for split, parts in (("train", ["train", "val"] if include_val else ["train"]), ("test", ["test"])):
-        entries = [entry for part in parts for entry in items[part]]
-        paths, labels = [os.path.join(images, p) for p, _, _ in entries], [label for _, label, _ in entries]
-        where = f"{split_file} ({' + '.join(parts)})"
-        check_images_exist(paths, where)
-        check_every_class(labels, names, where)
-        result[split] = path_split(paths, labels)
-    return ImageDataset("ucf101", names, BENCHMARK_TEMPLATE, result["train"], result["test"])
+    names, splits = read_coop_split(root / UCF101_COOP_SPLIT, root / UCF101_COOP_IMAGES, include_val)
+    return ImageDataset("ucf101", names, BENCHMARK_TEMPLATE, splits["train"], splits["test"])

@@ -12,7 +12,8 @@ Labels are held back from training: only the data split (simulation) and the mon
 pseudo-label accuracy read them; once the split is made, the rank's train split has none
 (fedur/train/setup.py). Data that comes federated (clients.py: each client's own folder) has no train
 labels. The paper's datasets live in `cifar.py`, `benchmarks.py` (DTD, RESISC45, CUB, UCF101) and
-`domains.py` (DomainNet, OfficeHome); this module holds the base class, your own image folders and the
+`domains.py` (DomainNet, OfficeHome), CoOp's suite in `coop.py` and ImageNet with its shifted test sets in
+`imagenet.py`; this module holds the base class, your own image folders and the
 generated smoke-test images.
 """
 
@@ -60,6 +61,7 @@ __all__ = [
 DEFAULT_TEMPLATE = "a photo of a {}."
 BUILT_IN_MODULES = (
     "fedur.data.datasets", "fedur.data.cifar", "fedur.data.benchmarks", "fedur.data.domains", "fedur.data.clients",
+    "fedur.data.coop", "fedur.data.imagenet",
 )
 
 
@@ -76,6 +78,9 @@ class Dataset:
     per-dataset tables' key, the image cache's key and the name in run summaries."""
     root: str | None = None
     """The dataset directory, `~` expanded (None for generated data)."""
+    test_only: ClassVar[bool] = False
+    """True for a test set that nothing trains on (ImageNet's shifted sets): its train split is empty, `fedur` refuses
+    to train on it, and `fedur-cross-dataset` tests a finished run on it."""
     needs_classnames: ClassVar[bool] = False
     """True for data that names no classes itself (ClientFolders): `prepare_dataset` reads
     data.classnames_file and calls `load(seed, classnames=...)`."""

@@ -319,6 +319,9 @@ class Method(ClientSide, ServerSide):
 
     key: ClassVar[str] = ""  # the short name runs and tables record ("fedur"); default: the class name, lowercased
     trains: ClassVar[bool] = True  # local SGD on pseudo-labels; False: training-free (no labeller, no tuner)
+    # What it needs of a backbone beyond what its pieces say (fedur/model/towers.py FEATURES; "patch tokens": FedOTP):
+    # fedur/methods/backbones.py checks it against the model before any compute.
+    needs: ClassVar[frozenset[str]] = frozenset()
     # How the method describes itself to tables, configs and resumes (read by fedur/app/tables and fedur/train/run_dir.py):
     label: ClassVar[str] = ""  # its name in tables and figures ("pFedPrompt"); default: the class name
     preset: ClassVar[str | None] = None  # configs/presets/<preset>.yaml: its published settings (the 'own' protocol)

@@ -29,6 +29,7 @@ class FedOTP(Method):
     features by unbalanced optimal transport; FPL pseudo-labels."""
 
     preset = "fedotp"
+    needs = frozenset({"patch tokens"})  # the image's projected patch features (fedur/model/towers.py)
     old_keys = {"method.ot_": "--method FedOTP --method.eps / top_percent / max_iter / thresh"}
 
     def pieces(self) -> dict[str, Piece]:  # prompt 0 global, prompt 1 local
@@ -62,7 +63,7 @@ class FedOTP(Method):
                client: ClientState, rows: Tensor | None = None) -> Tensor:
         patches = model.image_tokens(images, visual=pieces.get("visual"))[:, 1:]  # (B, M, D): every token but the class token
         with full_precision(patches.device):
-            return ot_logits(
+            return model.biased(ot_logits(
                 patches.float(), text.float(), model.logit_scale.float(),
                 eps=self.eps, top_percent=self.top_percent, max_iter=self.max_iter, thresh=self.thresh,
-            )
+            ))

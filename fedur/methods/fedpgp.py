@@ -97,4 +97,4 @@ def placeholder_context(model: PromptedCLIP) -> Tensor:
     """(n_ctx, width) CLIP's frozen word embeddings of the class prompts' placeholder words "X ... X": with them as
     the context, the class features are CLIP's own of "X X ... X {class}." (FedPGP's anchor)."""
     n_ctx = model.text_context_shape[0]
-    return model.clip.token_embedding(model.text_prompt.tokens[0, 1:1 + n_ctx])
+    return model.token_embedding(model.text_prompt.tokens[0, model.ctx_start:model.ctx_start + n_ctx])

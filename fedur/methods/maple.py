@@ -50,6 +50,7 @@ class FedMaPLe(Method):
 
     label = "FedMaPLe"
     preset = "fedmaple"
+    needs = frozenset({"visual prompts"})  # its vision prompts are projections of the text prompts, not a piece
 
     def __init__(self, depth: PositiveInt | None = None, ctx_init: str | None = None, clone_projections: bool = True,
                  **kwargs) -> None:
@@ -87,17 +88,17 @@ def vision_prompts(model: PromptedCLIP, pieces: dict[str, Tensor]) -> Tensor:
     projection."""
     first = pieces["text_ctx"] @ pieces["proj_w"].t() + pieces["proj_b"]  # (n_ctx, d_v)
     deeper = torch.einsum("jnt,jvt->jnv", pieces["deep_text"], pieces["deep_proj_w"]) + pieces["deep_proj_b"].unsqueeze(1)
-    return torch.cat([model.clip.visual.ln_pre(first).unsqueeze(0), deeper])  # (J, n_ctx, d_v)
+    return torch.cat([model.vision_pre_norm(first).unsqueeze(0), deeper])  # (J, n_ctx, d_v)
 
 
 def prompt_depth(model: PromptedCLIP, depth: int | None) -> int:
     """J: `depth`, checked against both towers; None: 9 capped at the shallower tower's blocks."""
-    blocks = min(model.text_depth, len(model.clip.visual.transformer.resblocks))
+    blocks = min(model.text_depth, model.vision_depth)
     if depth is None:
         return min(9, blocks)
     if depth > blocks:
         raise ConfigError(f"FedMaPLe: --method.depth {depth} is deeper than this backbone's towers ({model.text_depth} text "
-                          f"and {len(model.clip.visual.transformer.resblocks)} vision blocks)")
+                          f"and {model.vision_depth} vision blocks)")
     return depth
 
 

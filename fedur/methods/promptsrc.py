@@ -116,7 +116,7 @@ class FedPromptSRC(Method):
         image features stay on `text` for the penalty."""
         visual = pieces.get("visual")
         if visual is not None and visual.numel():
-            visual = torch.cat([model.clip.visual.ln_pre(visual[:1]), visual[1:]])  # the first through ln_pre, as theirs
+            visual = torch.cat([model.vision_pre_norm(visual[:1]), visual[1:]])  # the first through ln_pre, as theirs
         features = model.image_features(images, visual=visual, persist=True)
         if model.training:
             text.image = features
@@ -133,7 +133,7 @@ class FedPromptSRC(Method):
         with full_precision(device):
             loss = self.text_weight * F.l1_loss(text.features.float(), teacher)
             loss = loss + self.image_weight * F.l1_loss(text.image.float(), frozen)
-            zero_shot = model.logit_scale.float() * frozen @ teacher.t()  # (B, C)
+            zero_shot = model.biased(model.logit_scale.float() * frozen @ teacher.t())  # (B, C)
             kl = F.kl_div(F.log_softmax(batch.logits.float(), dim=1), F.log_softmax(zero_shot, dim=1), reduction="sum",
                           log_target=True)
             return loss + kl / batch.logits.numel()  # the KL's weight: the code's 1
@@ -167,7 +167,7 @@ def gaussian(x: float, mean: float, std: float) -> float:
 
 def prompt_depth(model: PromptedCLIP, depth: int | None, tower: str) -> int:
     """J_t or J_v: `depth`, checked against the `tower` ("text" or "vision"); None: 9 capped at its blocks."""
-    blocks = model.text_depth if tower == "text" else len(model.clip.visual.transformer.resblocks)
+    blocks = model.text_depth if tower == "text" else model.vision_depth
     if depth is None:
         return min(9, blocks)
     if depth > blocks:

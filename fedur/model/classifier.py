@@ -14,6 +14,7 @@ from fedur.model.clip import FrozenCLIP, encode_image_prompted, encode_text_embe
 from fedur.model.precision import full_precision
 from fedur.model.prompts import TextPrompt, init_prompt
 from fedur.model.text_tower import check_shared_prefix, encode_text_shared_prefix
+from fedur.model.towers import causal_text, text_tower, vision_pre_norm
 
 
 class PromptedCLIP(nn.Module):
@@ -44,13 +45,15 @@ class PromptedCLIP(nn.Module):
         self.clip = clip.model
         self.tokenizer = clip.tokenizer
         self.init_std, self.seed = float(init_std), int(seed)
-        text_width = self.clip.token_embedding.weight.shape[1]
+        self.causal_text = causal_text(self.clip)  # SigLIP's is not: whole prompts, no shared prefix
+        text_width = self.token_embedding.weight.shape[1]
         self.text_context_shape = (n_ctx, text_width)
         # The class prompts' fixed words and where the context goes; its `ctx` (the init of seed * 1000 + 1) is what
         # text_features() without a context uses.
         initial = init_prompt(self.text_context_shape, init_std, seed=seed * 1000 + 1)
         self.ctx_suffix = ctx_suffix
-        self.text_prompt = TextPrompt(self.clip.token_embedding, clip.tokenizer, classnames, n_ctx, initial, ctx_suffix)
+        self.text_prompt = TextPrompt(self.token_embedding, clip.tokenizer, classnames, n_ctx, initial, ctx_suffix,
+                                      whole=not self.causal_text)
         self.classnames = list(classnames)  # the class names, in label order (what a method's own templates format)
         self._template_features: dict[tuple, Tensor] = {}
         self.name_tokens = clip.tokenizer([name.replace("_", " ") for name in classnames])  # (C, L) the bare names, CPU
@@ -62,8 +65,11 @@ class PromptedCLIP(nn.Module):
         # The class prompts' token ids stay on the CPU too (not a buffer): the text tower works out its packing from
         # them, and its mask check is done here, so no pass on a device reads anything back.
         self.host_tokens = self.text_prompt.tokens.clone()
-        check_shared_prefix(self.clip, 1 + n_ctx, self.host_tokens.shape[1])
-        self.shared_prefix_text = True  # text tower: encode the class-independent prefix once (exact)
+        # None where the shared-prefix tower is exact (a causal mask, open_clip's blocks): its one read of the mask here
+        self.prefix_reason = check_shared_prefix(self.text, self.n_shared, self.host_tokens.shape[1])
+        self.checkpointing = False  # model.checkpointing: recompute the prompted towers' activations in the backward pass
+        self.shared_prefix_text = True  # text tower: encode the class-independent prefix once (exact; where it is not:
+        # a non-causal tower, every class in full)
         self.normalize: Callable[[Tensor], Tensor] = _identity
         self.zero_shot_text: Tensor | None = None  # (C, D) the template's class features, set by the round loop
         self.eval()  # `training` is True only inside a local training step (fedur/train/local.py): what a method's
@@ -78,15 +84,15 @@ class PromptedCLIP(nn.Module):
         other = copy.copy(self)
         other._modules, other._buffers, other._parameters = dict(self._modules), dict(self._buffers), dict(self._parameters)
         device = self.text_prompt.prefix.device
-        embedding = nn.Embedding.from_pretrained(self.clip.token_embedding.weight.detach().cpu())  # the tokens are on the CPU
+        embedding = nn.Embedding.from_pretrained(self.token_embedding.weight.detach().cpu())  # the tokens are on the CPU
         other.text_prompt = TextPrompt(embedding, self.tokenizer, classnames, self.text_prompt.ctx.shape[0],
-                                       self.text_prompt.ctx.detach().cpu(), self.ctx_suffix).to(device)
+                                       self.text_prompt.ctx.detach().cpu(), self.ctx_suffix, whole=not self.causal_text).to(device)
         other.classnames, other._template_features = list(classnames), {}
         other.text_prompt.ctx.requires_grad_(False)
         other.name_tokens = self.tokenizer([name.replace("_", " ") for name in classnames])
         other._name_features = {}
         other.host_tokens = other.text_prompt.tokens.cpu().clone()
-        check_shared_prefix(self.clip, 1 + self.text_prompt.ctx.shape[0], other.host_tokens.shape[1])
+        other.prefix_reason = check_shared_prefix(self.text, other.n_shared, other.host_tokens.shape[1])
         tokens = self.tokenizer([template.format(name) for name in classnames]).to(device)
         other.zero_shot_text = F.normalize(self.clip.encode_text(tokens).float(), dim=-1)  # as model/clip.py's zero_shot_weights
         return other
@@ -95,6 +101,26 @@ class PromptedCLIP(nn.Module):
         super().train(mode)
         self.clip.eval()  # the backbone is frozen: never in training mode
         return self
+
+    @property
+    def text(self):
+        """The text tower's parts under CLIP's names (`towers.text_tower`: CLIP itself, or its TextTransformer's view)."""
+        return text_tower(self.clip)
+
+    @property
+    def token_embedding(self) -> nn.Embedding:
+        """The text tower's token embedding."""
+        return self.text.token_embedding
+
+    @property
+    def ctx_start(self) -> int:
+        """The text context's first position in a class prompt (1 after CLIP's start token; 0 without one)."""
+        return self.text_prompt.start
+
+    @property
+    def n_shared(self) -> int:
+        """The class-independent positions at the start of every class prompt (the start token and the context)."""
+        return self.text_prompt.start + self.text_prompt.ctx.shape[0]
 
     @property
     def num_classes(self) -> int:
@@ -133,34 +159,37 @@ class PromptedCLIP(nn.Module):
         tokens = self.text_prompt.tokens
         if deep is not None:
             self.check_deep_text(deep)
-        if self.shared_prefix_text:
-            features = encode_text_shared_prefix(self.clip, embeddings, tokens, 1 + self.text_prompt.ctx.shape[0], self.host_tokens,
-                                                 deep)
+        if self.shared_prefix_text and self.prefix_reason is None:
+            features = encode_text_shared_prefix(self.text, embeddings, tokens, self.n_shared, self.host_tokens, deep,
+                                                 self.ctx_start, self.checkpointing)
         elif embeddings.dim() == 4:  # every class of every context in one batch
             n_groups, n_cls, length, width = embeddings.shape
             flat = embeddings.reshape(n_groups * n_cls, length, width)
             rows = None if deep is None else deep.repeat_interleave(n_cls, dim=0)  # (G * C, J - 1, n_ctx, width)
-            features = encode_text_embeddings(self.clip, flat, tokens.repeat(n_groups, 1), rows).view(n_groups, n_cls, -1)
+            features = encode_text_embeddings(self.clip, flat, tokens.repeat(n_groups, 1), rows, self.ctx_start,
+                                              self.checkpointing).view(n_groups, n_cls, -1)
         else:
-            features = encode_text_embeddings(self.clip, embeddings, tokens, deep)
+            features = encode_text_embeddings(self.clip, embeddings, tokens, deep, self.ctx_start, self.checkpointing)
         return F.normalize(features, dim=-1)
 
     @torch.no_grad()
     def word_context(self, words: str) -> Tensor:
         """(n_ctx, width) float32 on the CPU: CLIP's token embeddings of the first n_ctx tokens of `words` (a text
         context that starts as those words). A ConfigError where `words` has fewer tokens."""
-        n_ctx = self.text_context_shape[0]
+        n_ctx, start = self.text_context_shape[0], self.ctx_start
         tokens = self.tokenizer([words])[0]
-        length = int(tokens.argmax()) - 1  # the tokens between the start and the end token
+        end = int(self.tokenizer([""])[0][start])  # the end token: what follows the start in an empty text
+        length = int((tokens[start:] == end).nonzero()[0]) if bool((tokens[start:] == end).any()) else len(tokens) - start
         if length < n_ctx:
             raise ConfigError(f"the context's words {words!r} are {length} tokens, fewer than model.n_ctx={n_ctx}: set "
                               f"model.n_ctx to {length} or less (the words' first n_ctx tokens start the context)")
-        return self.clip.token_embedding.weight.detach()[tokens[1:1 + n_ctx].to(self.clip.token_embedding.weight.device)].float().cpu()
+        weight = self.token_embedding.weight.detach()
+        return weight[tokens[start:start + n_ctx].to(weight.device)].float().cpu()
 
     @property
     def text_depth(self) -> int:
         """The text tower's blocks."""
-        return len(self.clip.transformer.resblocks)
+        return len(self.text.transformer.resblocks)
 
     def check_deep_text(self, deep: Tensor) -> None:
         """Deep text prompts fit this model: (..., J - 1, n_ctx, width) with J <= the text blocks."""
@@ -205,12 +234,22 @@ class PromptedCLIP(nn.Module):
         if not prompted:
             return F.normalize(self.clip.encode_image(images), dim=-1)
         prompts = visual if visual is not None and visual.numel() else None
-        return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, persist=persist), dim=-1)
+        return F.normalize(encode_image_prompted(self.clip.visual, images, prompts, persist=persist,
+                                                 checkpointed=self.checkpointing), dim=-1)
 
     @property
     def vision_width(self) -> int:
         """The vision tower's width (a visual prompt token's)."""
         return vision_width_and_depth(self.clip)[0]
+
+    @property
+    def vision_depth(self) -> int:
+        """The vision transformer's blocks (a ConfigError for a tower without them)."""
+        return vision_width_and_depth(self.clip)[1]
+
+    def vision_pre_norm(self, tokens: Tensor) -> Tensor:
+        """`tokens` through the norm the vision tower's embedded tokens pass before its first block (ln_pre, norm_pre)."""
+        return vision_pre_norm(self.clip.visual)(tokens)
 
     def logits(self, image_features: Tensor, text_features: Tensor, owners: Tensor | None = None) -> Tensor:
         """(B, C) logits of (B, D) image features against (C, D) class features, or against (G, C, D) with
@@ -224,18 +263,20 @@ class PromptedCLIP(nn.Module):
                 n_groups, n_cls, _ = text_features.shape
                 every = image_features.float() @ text_features.float().reshape(n_groups * n_cls, -1).t()
                 cos = every.view(len(owners), n_groups, n_cls)[torch.arange(len(owners), device=owners.device), owners]
-            logits = self.logit_scale.float() * cos
-            bias = getattr(self.clip, "logit_bias", None)
-            return logits + bias.float() if bias is not None else logits
+            return self.biased(self.logit_scale.float() * cos)
+
+    def biased(self, logits: Tensor) -> Tensor:
+        """`logits` plus the model's logit bias where it has one (SigLIP's, learnt with its sigmoid loss), in float32;
+        every place fedur forms logits from CLIP's scale adds it, so a SigLIP model's logits are its own."""
+        bias = getattr(self.clip, "logit_bias", None)
+        return logits + bias.float() if bias is not None else logits
 
     def paired_logits(self, image_features: Tensor, text_features: Tensor) -> Tensor:
         """(B, C) logits of each of (B, D) image features against its own (B, C, D) class features (CoCoOp's
         image-conditioned prompts), in fp32 like `logits`."""
         with full_precision(image_features.device):
             cos = torch.einsum("bd,bcd->bc", image_features.float(), text_features.float())
-            logits = self.logit_scale.float() * cos
-            bias = getattr(self.clip, "logit_bias", None)
-            return logits + bias.float() if bias is not None else logits
+            return self.biased(self.logit_scale.float() * cos)
 
     def forward(self, images: Tensor) -> Tensor:
         return self.logits(self.image_features(images), self.text_features())
@@ -258,7 +299,7 @@ def feature_dim(clip: nn.Module) -> int:
     output = getattr(clip.visual, "output_dim", None)
     if output is not None:
         return int(output)
-    projection = clip.text_projection
+    projection = text_tower(clip).text_projection  # a timm tower has no output_dim: the text side's projection
     return int(projection.out_features if isinstance(projection, nn.Linear) else projection.shape[1])
 
 

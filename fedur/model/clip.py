@@ -9,6 +9,7 @@ what open_clip gives.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -23,6 +24,8 @@ from open_clip.transformer import text_global_pool
 from torch import Tensor, nn
 
 from fedur.errors import ConfigError, FedurError
+from fedur.model import towers
+from fedur.model.towers import encode_image_other, is_open_clip_vit, run_block, text_tower, vision_blocks, vision_width
 from fedur.network import reachable
 
 PACKAGE_MODEL_CONFIGS = Path(__file__).parent / "configs"
@@ -96,9 +99,36 @@ def check_model(name: str, pretrained: str | None, config_file: str | None, cach
             "ViT-B-16), or point model.config_file at an open_clip model-config JSON named <model.name>.json."
         )
     resolved = resolve_pretrained(name, pretrained, cache_dir)
+    check_tokenizer(name, cache_dir)
     if weights and resolved is not None and Path(resolved).is_file():
         check_weights(name, resolved)
     return resolved
+
+
+def check_tokenizer(name: str, cache_dir: str | None) -> None:
+    """A tokenizer open_clip takes from the Hugging Face Hub (SigLIP's, `text_cfg.hf_tokenizer_name`) can be had:
+    transformers is installed, and the tokenizer is a local folder, cached, or the hub is reachable."""
+    hub = ((open_clip.get_model_config(name) or {}).get("text_cfg") or {}).get("hf_tokenizer_name")
+    if not hub or Path(hub).is_dir():
+        return
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ModelUnavailableError(f"{name}'s tokenizer is a Hugging Face one ({hub}): pip install transformers "
+                                    "(or pip install 'fedur[hf]')") from None
+    if _hub_reachable():
+        return
+    try:
+        with _quiet_if(True):
+            AutoTokenizer.from_pretrained(hub, cache_dir=cache_dir, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ModelUnavailableError(
+            f"{name}'s tokenizer comes from the Hugging Face Hub ({hub}), which is unreachable (offline?), and it is not "
+            f"cached ({type(err).__name__}). On a machine with internet run: python -c \"from transformers import "
+            f"AutoTokenizer; AutoTokenizer.from_pretrained('{hub}').save_pretrained('DIR')\"; copy DIR here and point "
+            f"model.config_file at a copy of {name}'s config whose text_cfg.hf_tokenizer_name is DIR (or copy the whole "
+            "Hugging Face cache and set model.cache_dir)"
+        ) from err
 
 
 def check_weights(name: str, path: str) -> None:
@@ -140,6 +170,46 @@ def check_weights(name: str, path: str) -> None:
         raise ModelUnavailableError(
             f"model.pretrained={path} lacks {len(missing)} tensors of {name} (e.g. {', '.join(missing[:3])}); {hint}"
         )
+
+
+def fake_clip(name: str, mode) -> FrozenCLIP:
+    """Model `name` (its config registered) built in the FakeTensorMode `mode` (shapes, no memory), frozen, with its
+    real tokenizer and real causal masks (small; the shared-prefix check reads them): what fedur/train/memory.py runs a
+    step on (the logit scale is real too). The class is open_clip's factory's choice (CLIP, CustomTextCLIP, CoCa),
+    built directly (the factory's move to a device cannot swap fake parameters) on the meta device, then made fake."""
+    from open_clip.model import CLIP, CustomTextCLIP
+
+    cfg = copy.deepcopy(open_clip.get_model_config(name))
+    custom = cfg.pop("custom_text", False) or "hf_model_name" in cfg["text_cfg"]
+    cls = (open_clip.CoCa if "multimodal_cfg" in cfg else CustomTextCLIP) if custom else CLIP
+    if "timm_model_name" in cfg["vision_cfg"]:
+        cfg["vision_cfg"]["timm_model_pretrained"] = False
+    with torch.device("meta"), _quiet_if(True):  # (timm's constructors read numbers they compute: not fake ones)
+        model = cls(**cfg)
+    with mode:
+        model.to_empty(device="cpu")  # fake CPU tensors: CPU autocast applies to them
+    for holder in (model, getattr(model, "text", None)):
+        mask = getattr(holder, "attn_mask", None)
+        if mask is not None:  # open_clip's build_causal_mask, as a real tensor
+            holder.attn_mask = torch.empty(mask.shape, device="cpu").fill_(float("-inf")).triu_(1)
+    model.logit_scale = nn.Parameter(torch.zeros(model.logit_scale.shape, device="cpu"))  # read as a number: real (its value unused)
+    model.requires_grad_(False)
+    model.eval()
+    size = model.visual.image_size
+    return FrozenCLIP(model, None, open_clip.get_tokenizer(name), int(size[0] if isinstance(size, (tuple, list)) else size))
+
+
+def backbone_features(name: str) -> tuple[str, frozenset[str]]:
+    """The towers of open_clip model `name` in words and which prompts they take (fedur/model/towers.py), read from
+    its skeleton on the meta device (no memory, no weights). A Hugging Face text tower is named from the config
+    alone (building it would fetch its config from the hub): it takes no text context."""
+    cfg = open_clip.get_model_config(name) or {}
+    hf_text = (cfg.get("text_cfg") or {}).get("hf_model_name")
+    if hf_text:
+        return f"Hugging Face text tower {hf_text}", frozenset()
+    with _quiet_if(True), torch.device("meta"):
+        skeleton = open_clip.create_model(name, pretrained=None, device="meta")
+    return towers.family(skeleton), towers.features(skeleton)
 
 
 def weight_shapes(path: str) -> dict[str, tuple[int, ...]]:
@@ -259,34 +329,44 @@ def _hub_reachable() -> bool:
     return reachable("huggingface.co")
 
 
-def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor, deep: Tensor | None = None) -> Tensor:
-    """`CLIP.encode_text` from token embeddings instead of token ids (unnormalised features).
+def encode_text_embeddings(model: nn.Module, embeddings: Tensor, tokens: Tensor, deep: Tensor | None = None,
+                           start: int = 1, checkpointed: bool = False) -> Tensor:
+    """`CLIP.encode_text` from token embeddings instead of token ids (unnormalised features); also a
+    CustomTextCLIP's `TextTransformer` (SigLIP, EVA, PE: `towers.text_tower`).
 
     embeddings: (n, L, width) with L <= context_length; tokens: (n, L) ids, used only to find the
     pooled (end-of-text) position. With a causal mask, positions after the EOT token cannot influence
-    it, so callers may truncate L to the last EOT position + 1.
+    it, so callers may truncate L to the last EOT position + 1; without one (SigLIP) every position counts, and
+    L must be the tower's whole context.
 
     deep: deep text prompts (J - 1, n_ctx, width), the same for every row, or (n, J - 1, n_ctx, width), each row
-    its own: before block i (1 <= i < J) positions 1..n_ctx of the residual stream are replaced by prompt i - 1,
-    without a positional embedding (MaPLe's and PromptSRC's text blocks); None: plain CLIP.
+    its own: before block i (1 <= i < J) positions start..start + n_ctx - 1 of the residual stream (the context's:
+    1.. after CLIP's start token) are replaced by prompt i - 1, without a positional embedding (MaPLe's and
+    PromptSRC's text blocks); None: plain CLIP. checkpointed: recompute each block's activations in the backward
+    pass instead of keeping them (model.checkpointing; `towers.run_block`).
     """
+    text = text_tower(model)
     length = embeddings.shape[1]
-    cast_dtype = model.transformer.get_cast_dtype()
-    x = embeddings.to(cast_dtype) + model.positional_embedding[:length].to(cast_dtype)  # (n, L, width)
-    attn_mask = model.attn_mask[:length, :length] if model.attn_mask is not None else None
-    x = model.transformer(x, attn_mask=attn_mask) if deep is None else _deep_transformer(model.transformer, x, attn_mask, deep)
-    x = model.ln_final(x)
-    x = text_global_pool(x, tokens, model.text_pool_type, eos_token_id=getattr(model, "text_eos_id", None))
-    if model.text_projection is not None:
-        x = model.text_projection(x) if isinstance(model.text_projection, nn.Linear) else x @ model.text_projection
+    cast_dtype = text.transformer.get_cast_dtype()
+    x = embeddings.to(cast_dtype) + text.positional_embedding[:length].to(cast_dtype)  # (n, L, width)
+    attn_mask = text.attn_mask[:length, :length] if text.attn_mask is not None else None
+    if deep is None and not checkpointed:
+        x = text.transformer(x, attn_mask=attn_mask)
+    else:
+        x = _deep_transformer(text.transformer, x, attn_mask, deep, start, checkpointed)
+    x = text.ln_final(x)
+    x = text_global_pool(x, tokens, text.text_pool_type, eos_token_id=getattr(text, "text_eos_id", None))
+    if text.text_projection is not None:
+        x = text.text_projection(x) if isinstance(text.text_projection, nn.Linear) else x @ text.text_projection
     return x  # (n, embed_dim)
 
 
-def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | None, deep: Tensor) -> Tensor:
-    """open_clip's `Transformer.forward` on (n, L, width) with the deep text prompts `deep` put in before each block
-    (`encode_text_embeddings`)."""
-    per_row = deep.dim() == 4
-    n_deep, n_ctx = deep.shape[-3], deep.shape[-2]
+def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | None, deep: Tensor | None, start: int = 1,
+                      checkpointed: bool = False) -> Tensor:
+    """open_clip's `Transformer.forward` on (n, L, width) with the deep text prompts `deep` (None: none) put in before
+    each block (`encode_text_embeddings`), each block checkpointed with `checkpointed`."""
+    per_row = deep is not None and deep.dim() == 4
+    n_deep, n_ctx = (0, 0) if deep is None else (deep.shape[-3], deep.shape[-2])
     if not transformer.batch_first:
         x = x.transpose(0, 1).contiguous()  # NLD -> LND
     seq_dim = 1 if transformer.batch_first else 0
@@ -294,13 +374,15 @@ def _deep_transformer(transformer: nn.Module, x: Tensor, attn_mask: Tensor | Non
         if 1 <= i <= n_deep:
             prompt = (deep[:, i - 1] if per_row else deep[i - 1].unsqueeze(0).expand(x.shape[1 - seq_dim], -1, -1)).to(x.dtype)
             prompt = prompt if seq_dim == 1 else prompt.transpose(0, 1)  # (n, n_ctx, width) or (n_ctx, n, width)
-            x = torch.cat([x.narrow(seq_dim, 0, 1), prompt, x.narrow(seq_dim, 1 + n_ctx, x.shape[seq_dim] - 1 - n_ctx)], dim=seq_dim)
-        x = block(x, attn_mask=attn_mask)
+            rest = x.shape[seq_dim] - start - n_ctx
+            x = torch.cat([x.narrow(seq_dim, 0, start), prompt, x.narrow(seq_dim, start + n_ctx, rest)], dim=seq_dim)
+        x = run_block(block, x, checkpointed, attn_mask=attn_mask)
     return x if transformer.batch_first else x.transpose(0, 1)
 
 
 def encode_image_prompted(
-    visual: nn.Module, images: Tensor, prompts: Tensor | None, *, return_tokens: bool = False, persist: bool = False
+    visual: nn.Module, images: Tensor, prompts: Tensor | None, *, return_tokens: bool = False, persist: bool = False,
+    checkpointed: bool = False,
 ) -> Tensor:
     """`VisionTransformer.forward` with deep visual prompts (VPT-deep), unnormalised features.
 
@@ -317,8 +399,11 @@ def encode_image_prompted(
 
     persist: the last prompted block's prompt outputs go on through every later block (MaPLe's and PromptSRC's
     vision towers: their CLS token attends to them), and are dropped only before the pooling; False (VPT-deep):
-    dropped after each prompted block.
+    dropped after each prompted block. checkpointed: each block's activations recomputed in the backward pass
+    instead of kept (model.checkpointing; `towers.run_block`).
     """
+    if not is_open_clip_vit(visual):  # a timm ViT or EVA, a ResNet, ...: fedur/model/towers.py
+        return encode_image_other(visual, images, prompts, return_tokens, persist, checkpointed)
     x = visual._embeds(images)  # (B, 1 + patches, width)
     per_image = prompts is not None and prompts.dim() == 4
     depth = 0 if prompts is None else prompts.shape[int(per_image)]
@@ -334,11 +419,11 @@ def encode_image_prompted(
             else:
                 tokens = prompts[i].to(x.dtype).unsqueeze(1 - seq_dim).expand(*_expand_shape(x, n_tok, seq_dim))
             x = torch.cat([x, tokens], dim=seq_dim)  # (B, 1 + patches + n_tok, width)
-            x = block(x)
+            x = run_block(block, x, checkpointed)
             if not persist or i < depth - 1:
                 x = x.narrow(seq_dim, 0, x.shape[seq_dim] - n_tok)  # drop this block's prompt outputs
         else:
-            x = block(x)
+            x = run_block(block, x, checkpointed)
     if persist and depth:
         x = x.narrow(seq_dim, 0, x.shape[seq_dim] - n_tok)  # the persisting prompt outputs, before the pooling
     if not transformer.batch_first:
@@ -363,13 +448,9 @@ def _expand_shape(x: Tensor, n_tok: int, seq_dim: int) -> tuple[int, int, int]:
 
 
 def vision_width_and_depth(model: nn.Module) -> tuple[int, int]:
-    visual = model.visual
-    if not hasattr(visual, "transformer") or not hasattr(visual, "_embeds"):
-        raise ModelUnavailableError(
-            f"{type(visual).__name__} is not an open_clip VisionTransformer; deep visual prompts need a ViT "
-            "backbone (or set model.visual_tokens=0)."
-        )
-    return visual.transformer.width, len(visual.transformer.resblocks)
+    """The vision transformer's width and blocks (open_clip's ViT, timm's ViT and EVA); a ConfigError for a tower
+    without blocks (a ResNet: set model.visual_tokens 0, or a method without visual prompts)."""
+    return vision_width(model.visual), len(vision_blocks(model.visual))
 
 
 @torch.no_grad()

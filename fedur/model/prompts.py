@@ -27,7 +27,10 @@ class TextPrompt(nn.Module):
         n_ctx: int,
         init: Tensor,
         suffix: str = "",
+        whole: bool = False,
     ) -> None:
+        """whole: keep every position of the tokenizer's context (a text tower without a causal mask, SigLIP's: the
+        padding takes part in attention and the last position is pooled); False: cut after the last end token."""
         super().__init__()
         width = token_embedding.weight.shape[1]
         if not classnames:  # the data layer refuses a dataset with fewer than two classes before this is built
@@ -37,18 +40,19 @@ class TextPrompt(nn.Module):
         prefix = " ".join(["X"] * n_ctx + ([suffix] if suffix else []))
         texts = [f"{prefix} {name.replace('_', ' ')}.".strip() for name in classnames]
         tokens = tokenizer(texts)  # (C, context_length)
-        placeholder = tokenizer(["X"])[0, 1]
-        if n_ctx and not bool((tokens[:, 1 : 1 + n_ctx] == placeholder).all()):
+        start, placeholder = context_start(tokenizer)
+        if n_ctx and not bool((tokens[:, start : start + n_ctx] == placeholder).all()):
             raise ConfigError("the model's tokenizer does not map 'X' to one token, so fedur cannot place the text context "
                               "in its class prompts; choose another model.name (an open_clip CLIP with its BPE tokenizer)")
-        # Causal attention: nothing after the last EOT can reach a pooled position, so cut the padding.
-        length = int(tokens.argmax(dim=-1).max()) + 1
-        tokens = tokens[:, :length]  # (C, L)
+        if not whole:  # causal attention: nothing after the last EOT can reach a pooled position, so cut the padding
+            length = int(tokens.argmax(dim=-1).max()) + 1
+            tokens = tokens[:, :length]  # (C, L)
         with torch.no_grad():
             embedded = token_embedding(tokens)  # (C, L, width)
+        self.start = start  # the context's first position: 1 after CLIP's start token, 0 where there is none (SigLIP's)
         self.register_buffer("tokens", tokens, persistent=False)
-        self.register_buffer("prefix", embedded[:, :1].clone(), persistent=False)  # (C, 1, width): SOS
-        self.register_buffer("suffix", embedded[:, 1 + n_ctx :].clone(), persistent=False)  # (C, *, width)
+        self.register_buffer("prefix", embedded[:, :start].clone(), persistent=False)  # (C, start, width): SOS, or nothing
+        self.register_buffer("suffix", embedded[:, start + n_ctx :].clone(), persistent=False)  # (C, *, width)
         self.ctx = nn.Parameter(init.clone())  # (n_ctx, width)
 
     def forward(self, ctx: Tensor | None = None) -> Tensor:
@@ -63,6 +67,14 @@ class TextPrompt(nn.Module):
             return torch.cat([fixed[0], ctx.to(self.prefix.dtype), fixed[1]], dim=2)  # (G, C, L, width)
         ctx = ctx.unsqueeze(0).expand(n_cls, -1, -1)  # (C, n_ctx, width)
         return torch.cat([self.prefix, ctx.to(self.prefix.dtype), self.suffix], dim=1)  # (C, L, width)
+
+
+def context_start(tokenizer: Callable) -> tuple[int, int]:
+    """(position, token id) of the word 'X' in the tokenizer's ids of "X": where a text context starts in a prompt (1
+    after CLIP's start token; 0 for a tokenizer without one, SigLIP's), and the placeholder id that marks it."""
+    empty, one = tokenizer([""])[0], tokenizer(["X"])[0]
+    start = int((empty != one).nonzero()[0])
+    return start, int(one[start])
 
 
 def init_prompt(shape: tuple[int, ...], std: float, seed: int) -> Tensor:

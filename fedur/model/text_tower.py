@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from open_clip.transformer import ResidualAttentionBlock
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from fedur.model.clip import encode_text_embeddings
 
@@ -38,7 +39,8 @@ _WARNED: set[str] = set()
 
 
 def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens: Tensor, n_shared: int,
-                              host_tokens: Tensor | None = None, deep: Tensor | None = None) -> Tensor:
+                              host_tokens: Tensor | None = None, deep: Tensor | None = None, start: int = 1,
+                              checkpointed: bool = False) -> Tensor:
     """`encode_text_embeddings(clip_model, embeddings, tokens)` with the first `n_shared` positions
     computed once for all classes: (C, embed_dim), unnormalised; or for G contexts at once, (G, C, embed_dim).
 
@@ -62,13 +64,16 @@ def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens:
     `ResidualAttentionBlock`.
 
     deep: deep text prompts (J - 1, n_ctx, width), or (G, J - 1, n_ctx, width) one set per context, put in at
-    positions 1..n_ctx before blocks 1..J - 1 (`encode_text_embeddings`). Those positions lie in the shared prefix
-    (n_ctx < n_shared), which therefore stays the same for every class at every block: they are replaced there,
+    positions start..start + n_ctx - 1 (the context's) before blocks 1..J - 1 (`encode_text_embeddings`). Those
+    positions lie in the shared prefix (start + n_ctx = n_shared), which therefore stays the same for every class at
+    every block: they are replaced there,
     once, and each prompt's gradient arrives once, as the sum over the classes that the plain path gives it.
+
+    checkpointed: each block's activations are recomputed in the backward pass instead of kept (model.checkpointing).
     """
     grouped = embeddings.dim() == 4
     n_groups, n_cls, length, width = embeddings.shape if grouped else (1, *embeddings.shape)
-    if deep is not None and deep.shape[-2] >= n_shared:
+    if deep is not None and start + deep.shape[-2] > n_shared:
         # internal: PromptedCLIP.check_deep_text refuses them first
         raise ValueError(f"deep text prompts of {deep.shape[-2]} tokens do not fit a shared prefix of {n_shared}")  # internal: see above
     reason = _unsupported(clip_model, n_shared, length)
@@ -77,9 +82,10 @@ def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens:
             _WARNED.add(reason)
             log.warning("shared-prefix text tower not used (%s); computing every class in full", reason)
         if not grouped:
-            return encode_text_embeddings(clip_model, embeddings, tokens, deep)
+            return encode_text_embeddings(clip_model, embeddings, tokens, deep, start, checkpointed)
         rows = None if deep is None else deep.repeat_interleave(n_cls, dim=0)  # (G * C, J - 1, n_ctx, width)
-        flat = encode_text_embeddings(clip_model, embeddings.reshape(n_groups * n_cls, length, width), tokens.repeat(n_groups, 1), rows)
+        flat = encode_text_embeddings(clip_model, embeddings.reshape(n_groups * n_cls, length, width), tokens.repeat(n_groups, 1), rows,
+                                      start, checkpointed)
         return flat.view(n_groups, n_cls, -1)
 
     layout = _layout(clip_model, tokens if host_tokens is None else host_tokens, n_shared, embeddings.device)
@@ -101,8 +107,11 @@ def encode_text_shared_prefix(clip_model: nn.Module, embeddings: Tensor, tokens:
     n_deep, n_ctx = (0, 0) if deep is None else deep.shape[1:3]
     for i, block in enumerate(clip_model.transformer.resblocks):
         if 1 <= i <= n_deep:  # the prefix's positions 1..n_ctx: this block's prompts, no positional embedding
-            z = torch.cat([z[:, :1], deep[:, i - 1].to(z.dtype), z[:, 1 + n_ctx:]], dim=1)  # (G, S + N, width)
-        z = _block(block, z, layout, mask_shared, mask_own)
+            z = torch.cat([z[:, :start], deep[:, i - 1].to(z.dtype), z[:, start + n_ctx:]], dim=1)  # (G, S + N, width)
+        if checkpointed and torch.is_grad_enabled():  # recomputed in the backward pass (towers.run_block)
+            z = checkpoint(_block, block, z, layout, mask_shared, mask_own, use_reentrant=False)
+        else:
+            z = _block(block, z, layout, mask_shared, mask_own)
 
     if not grouped:  # one context: the head on 2-D rows, as encode_text_embeddings (the same matmul kernels)
         z = z[0]  # (S + N, width)
@@ -206,6 +215,12 @@ def _float_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     if mask.dtype == torch.bool:  # True: not allowed to attend (nn.MultiheadAttention's convention)
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
     return mask.to(dtype)
+
+
+def plan_shared_prefix(clip_model: nn.Module, host_tokens: Tensor, n_shared: int, device: torch.device) -> None:
+    """Work out (and remember) the packing of the classes' own tokens for `host_tokens` on `device` now: what a pass
+    on fake tensors (fedur/train/memory.py) cannot do, since the packing reads the token ids' values."""
+    _layout(clip_model, host_tokens, n_shared, device)
 
 
 def check_shared_prefix(clip_model: nn.Module, n_shared: int, length: int) -> str | None:

@@ -81,6 +81,8 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
         run_dir.root.mkdir(parents=True, exist_ok=True)
     collectives.barrier("run directory")
     recorder = open_recorder(host, cfg, run_dir, history, start_round, truth, skipped)
+    if host.memory is not None:  # run.memory_estimate: before any compute on the model
+        recorder.note(host.memory.describe())
     state = RunState(server, channel=plan.channel, secret_seed=host.secret_seed)
     if saved is None:
         with startup.timing("zero_shot"):
@@ -165,7 +167,8 @@ def open_recorder(host: Host, cfg: Config, run_dir: RunDir, history: History, st
                   skipped: list[str]) -> Recorder:
     """Rank 0's sink, with what a run writes before its first round: config.yaml, its first line, placement.json,
     partition.json, and what it says once. Every rank calls this (the placement is gathered)."""
-    recorder = Recorder(run_dir, host.fabric.is_global_zero, history, start_round, host.progress, cfg.run.figures)
+    recorder = Recorder(run_dir, host.fabric.is_global_zero, history, start_round, host.progress, cfg.run.figures,
+                        tuple(cfg.run.loggers))
     recorder.start(cfg.yaml(), describe(host, cfg))
     recorder.record_placement(gather_placement(host))
     recorder.record_partition(truth.partition)
@@ -199,7 +202,8 @@ def finish(host: Host, cfg: Config, run_dir: RunDir, recorder: Recorder, state: 
         "dataset": host.dataset.name, "method": method.key, "labeller": None if labeller is None else labeller.key,
         "skipped_images": recorder.skipped, "train_labels": plan.train_labels is not None, "test_labels": recorder.test_labels,
         **domains, **plan.channel.summary(recorder.rounds),
-        "environment": software_environment(fabric.device)})
+        "environment": software_environment(fabric.device),
+        **({} if host.memory is None else {"memory": host.memory.as_dict()})})
 
 
 def gather_placement(host: Host) -> dict:

@@ -25,6 +25,7 @@ from fedur.federated.collectives import Collectives
 from fedur.methods import forward
 from fedur.methods.base import ClientData, Method
 from fedur.model.classifier import PromptedCLIP
+from fedur.train.memory import MemoryEstimate
 from fedur.train.module import PromptTuner
 from fedur.train.progress import QUIET, Progress
 
@@ -75,6 +76,7 @@ class Host:
     # global protocol (the lowest id among the training clients holding it), -1 for a row none holds (setup.py)
     held_out: list[HeldOutSet] = field(default_factory=list)  # evaluation.base_to_novel's novel classes, a held-out domain
     secret_seed: int | None = None  # the run's secret seed, where it draws secret noise (fedur/train/fit.py)
+    memory: MemoryEstimate | None = None  # rank 0's estimate of a unit's peak memory (run.memory_estimate), else None
 
     def __post_init__(self) -> None:
         if self.training is None:

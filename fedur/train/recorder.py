@@ -32,7 +32,8 @@ from fedur.train.progress import QUIET, Progress, eta_seconds, format_duration
 from fedur.train.round_fields import ADAPTED, CONFIG, CONFUSION, FIELD, HPARAMS, PARTITION, VIRTUAL_TIME, round_line
 from fedur.train.round_fields import scalars as row_scalars
 from fedur.train.run_dir import METRICS, ZERO_SHOT, History, RunDir, writing
-from fedur.train.sinks import Sink, TensorBoard
+from fedur.train.sinks import Sink
+from fedur.train.trackers import open_trackers
 
 
 def heatmap(*args, **kwargs):
@@ -74,7 +75,7 @@ def summary_table(rounds: list[dict], zero_shot: list[float | None] | None, accu
 class Recorder:
     def __init__(
         self, run_dir: RunDir, enabled: bool, history: History | None = None, start_round: int = 0,
-        progress: Progress = QUIET, figures: bool = True,
+        progress: Progress = QUIET, figures: bool = True, loggers: tuple[str, ...] = ("tensorboard",),
     ) -> None:
         self.run_dir, self.enabled, self.start_round, self.progress = run_dir, enabled, start_round, progress
         self.figures = figures  # run.figures: draw the heatmaps (else the numbers only)
@@ -88,6 +89,7 @@ class Recorder:
         self.adapted: dict = {}  # the new clients' accuracy after adapting (record_adapted)
         self.skipped: list[str] = []  # the images left out as unreadable (note_skipped)
         self.startup: dict[str, float] = {}  # where this session's time before its first round went (seconds)
+        self.loggers = loggers  # run.loggers: the trackers the sinks are (fedur/train/trackers.py)
         self.sinks: list[Sink] = []  # opened with the first round's record (`open_sinks`)
         self.deferred: list | None = [] if enabled else None  # what waits for them: TensorBoard's step 0, the figures
 
@@ -96,8 +98,7 @@ class Recorder:
         imported or drawn before it (TensorBoard, matplotlib); called with the first round's record, or at the finish."""
         if self.deferred is None:
             return
-        self.sinks = [TensorBoard(self.run_dir.path("tensorboard"), self.start_round + 1 if self.start_round else None,
-                                  self.note)]
+        self.sinks = open_trackers(list(self.loggers), self.run_dir.root, self.start_round, self.note)
         waiting, self.deferred = self.deferred, None
         for write in waiting:
             write()

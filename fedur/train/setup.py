@@ -24,6 +24,7 @@ from fedur.methods.pieces import initial_values
 from fedur.model.classifier import PromptedCLIP
 from fedur.model.clip import load_clip, zero_shot_weights
 from fedur.train.host import HeldOutSet, Host, LocalWork
+from fedur.train.memory import MemoryEstimate, ModelSpec, estimate_memory
 from fedur.train.module import PromptTuner
 from fedur.train.progress import Progress
 
@@ -90,7 +91,7 @@ def setup(
     dataset.train = dataset.train.without_labels()  # from here on, training cannot read a true train label
     model = PromptedCLIP(clip, dataset.classnames, cfg.model.n_ctx, cfg.model.visual_tokens, cfg.model.visual_depth,
                          cfg.model.ctx_init_std, cfg.run.seed, cfg.model.ctx_suffix)
-    model.shared_prefix_text = cfg.model.shared_prefix_text
+    model.shared_prefix_text, model.checkpointing = cfg.model.shared_prefix_text, cfg.model.checkpointing
     model.normalize = loading.normalize  # cached uint8 batches are normalised on the device
     start = initial_values(method.pieces(), model, cfg.run.seed)  # every client starts from these, held on the CPU
     tuner = PromptTuner(model, method, labeller).to(fabric.device)
@@ -110,8 +111,21 @@ def setup(
     held = [HeldOutSet(h.name, h.rows, h.labels(dataset.test.labels), model.for_classes(h.classnames, dataset.template)
                        if h.classnames != dataset.classnames else model) for h in held_out]
     host = Host(fabric, collectives, tuner, clients, dataset, images, fed.num_clients, work, progress, start, training,
-                test_owners, held)
+                test_owners, held, memory=memory_estimate(cfg, dataset.classnames, fabric))
     return host, truth, loading.skipped
+
+
+def memory_estimate(cfg: Config, classnames: list[str], fabric: Fabric) -> MemoryEstimate | None:
+    """Rank 0's estimate of a unit's peak memory (fedur/train/memory.py) where run.memory_estimate asks for one (auto:
+    on a GPU); None elsewhere."""
+    asked = cfg.run.memory_estimate
+    if not fabric.is_global_zero or asked == "off" or (asked == "auto" and fabric.device.type != "cuda"):
+        return None
+    m = cfg.model
+    spec = ModelSpec(m.name, tuple(classnames), m.n_ctx, m.visual_tokens, m.visual_depth, m.ctx_init_std, m.ctx_suffix,
+                     m.shared_prefix_text, m.checkpointing)
+    return estimate_memory(spec, cfg.method, cfg.optim.batch_size, cfg.optim.eval_batch_size, cfg.run.clients_per_step,
+                           cfg.fabric.precision, cfg.run.seed)
 
 
 def owners_of(test_parts: Parts, training, num_test: int) -> np.ndarray:

@@ -403,7 +403,7 @@ def parity_section(label: str) -> str:
 def tall(text_blocks: int, vision_blocks: int) -> SimpleNamespace:
     """A stand-in model with ViT-B's towers as far as the depth rules read them."""
     visual = SimpleNamespace(transformer=SimpleNamespace(resblocks=[None] * vision_blocks))
-    return SimpleNamespace(text_depth=text_blocks, clip=SimpleNamespace(visual=visual))
+    return SimpleNamespace(text_depth=text_blocks, vision_depth=vision_blocks, clip=SimpleNamespace(visual=visual))
 
 
 def test_a_depth_left_null_is_the_originals_nine_on_vit_b():

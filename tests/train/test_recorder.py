@@ -36,13 +36,14 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     for folder in (straight, resumed):
         folder.mkdir()
-    recorder = Recorder(RunDir(straight), enabled=True)
+    loggers = ("tensorboard", "csv")
+    recorder = Recorder(RunDir(straight), enabled=True, loggers=loggers)
     recorder.record_zero_shot(ZERO_SHOT)
     for r, acc in enumerate(ACCURACY):
         recorder.record_round(row(r, acc))
     recorder.finish({"seed": 1}, {})
 
-    stopped = Recorder(RunDir(resumed), enabled=True)  # stops after round index 2, in the middle of writing round 3
+    stopped = Recorder(RunDir(resumed), enabled=True, loggers=loggers)  # stops after round index 2, in the middle of writing round 3
     stopped.record_zero_shot(ZERO_SHOT)
     for r, acc in enumerate(ACCURACY[:2] + [[99.0, 99.0]]):  # round 2 logged, then lost with the checkpoint
         stopped.record_round(row(r, acc))
@@ -51,7 +52,7 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
         f.write('{"round": 4, "mean_acc')
 
     history = RunDir(resumed).history(2, cut=True)  # the last checkpoint holds rounds 0 and 1
-    again = Recorder(RunDir(resumed), True, history, start_round=2)
+    again = Recorder(RunDir(resumed), True, history, start_round=2, loggers=loggers)
     assert [r["round"] for r in again.rounds] == [1, 2] and again.zero_shot == recorder.zero_shot
     assert len((resumed / "metrics.jsonl").read_text().splitlines()) == 2
     again.record_zero_shot(ZERO_SHOT)  # logged before: not again
@@ -64,6 +65,9 @@ def test_resume_continues_metrics_and_tensorboard_as_if_never_stopped(tmp_path):
     expected = [(0, 20.0), (1, 30.0), (2, 40.0), (3, 52.5), (4, 52.5)]
     assert scalar_curve(straight / "tensorboard", "accuracy/mean", digits=4) == expected
     assert scalar_curve(resumed / "tensorboard", "accuracy/mean", digits=4) == expected  # 99.0 at step 3 is purged
+    for run in (straight, resumed):  # the CSV tracker's too: its rows after the kept rounds cut on resume
+        rows = [line.split(",") for line in (run / "csv" / "scalars.csv").read_text().splitlines()[1:]]
+        assert [(int(s), round(float(v), 4)) for s, tag, v in rows if tag == "accuracy/mean"] == expected
 
 
 class StillClock:

@@ -75,6 +75,7 @@ class Column:
     target: tuple[str, float] | None = None  # (a column's key, a fraction): its cells show the virtual seconds its runs
     # took to reach that fraction of the final personal accuracy of that column's run of the same row and seed
     # (TIME_TO; None: the summary.json key `value`)
+    skip_rows: tuple[str, ...] = ()  # rows whose method its backbone cannot take (docs/backbones.md): no run, no cell
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,49 @@ def dirichlet_column(dataset: str, beta: str) -> Column:
 def quantity_column(dataset: str) -> Column:
     return Column(f"{dataset}-quantity", DATASET_LABELS[dataset], "quantity skew (20% of the classes per client)",
                   f"paper/table2/{dataset}-quantity.yaml", dataset, "quantity")
+
+
+# CoOp's eleven datasets (fedur/data/coop.py, imagenet.py) in Table 1's protocol: each dataset's main config (Dirichlet
+# beta 0.1, ViT-B/32; CoOp's split and template), DTD and UCF101 with CoOp's templates (fedur keeps FedCoPL's for them).
+COOP_DATASETS = ("imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers", "food101", "fgvc_aircraft",
+                 "sun397", "dtd", "eurosat", "ucf101")
+COOP_TEMPLATES = {"dtd": "{} texture.", "ucf101": "a photo of a person doing {}."}  # CoOp's trainers/zsclip.py
+COOP_COLUMNS = tuple(
+    Column(f"{d}-coop", dataset_classes()[d].label, "CoOp's datasets, Dirichlet β = 0.1 (ViT-B/32)", f"{d}.yaml", d, "beta0.1",
+           flags=("--data.template", COOP_TEMPLATES[d]) if d in COOP_TEMPLATES else ())
+    for d in COOP_DATASETS
+)
+COOP_NOTE = ("CoOp's eleven datasets with CoOp's splits, class names and templates (docs/datasets.md), each dataset's main "
+             "config: 10 clients (UCF101's 5), Dirichlet β = 0.1, 20 rounds x 10 local epochs. The paper reports none of "
+             "them.")
+
+# Backbone families (docs/backbones.md) in Table 1's protocol on CIFAR10 (β = 0.1): (open_clip model, pretrained tag,
+# label, what its towers take: tests/test_tables.py checks each against the model's skeleton). A row whose method needs
+# what a backbone does not take (FedUR's visual prompts on RN50, FedOTP's patch tokens on SigLIP) has no cell there.
+_ALL = frozenset({"text prompts", "deep text prompts", "visual prompts", "patch tokens"})
+BACKBONES = (
+    ("ViT-B-32", "openai", "OpenAI ViT-B/32", _ALL),
+    ("ViT-B-32", "metaclip_fullcc", "MetaCLIP ViT-B/32", _ALL),
+    ("ViT-B-16-quickgelu", "dfn2b", "DFN ViT-B/16", _ALL),
+    ("ViT-B-16-SigLIP", "webli", "SigLIP ViT-B/16", _ALL - {"patch tokens"}),
+    ("ViT-B-16-SigLIP2", "webli", "SigLIP 2 ViT-B/16", _ALL - {"patch tokens"}),
+    ("EVA02-B-16", "merged2b_s8b_b131k", "EVA02 ViT-B/16", _ALL),
+    ("PE-Core-B-16", "meta", "PE-Core B/16", _ALL - {"patch tokens"}),
+    ("RN50", "openai", "OpenAI RN50", _ALL - {"visual prompts"}),
+)
+
+
+def backbone_column(name: str, tag: str, label: str, takes: frozenset[str], rows: tuple[Row, ...]) -> Column:
+    from fedur.methods.backbones import method_needs
+
+    skip = tuple(r.key for r in rows if not method_needs(METHODS[r.key.split("+")[0]](), 5) <= takes)
+    return Column(f"cifar10-{name.lower()}-{tag}", label, "backbones: CIFAR10, Dirichlet β = 0.1", "cifar10.yaml", "cifar10",
+                  "beta0.1", flags=("--model.name", name, "--model.pretrained", tag), skip_rows=skip)
+
+
+BACKBONE_NOTE = ("CIFAR10's main config (10 clients, Dirichlet β = 0.1) on each backbone family with its open_clip weights; "
+                 "an empty cell: the method needs what the backbone's towers do not take (docs/backbones.md). The paper reports "
+                 "ViT-B/32 (Table 1) and ViT-B/16 (Table 8) only.")
 
 
 # Figure 3: the paper sweeps the number of clients (top row) and the joining rate (bottom row) on
@@ -513,6 +557,14 @@ GRIDS: dict[str, Grid] = {
         "demo-robust", "Attacks against aggregators on the demo", tuple(own_row(m) for m in SYSTEM_METHODS), ROBUST_COLUMNS,
         ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(ROBUST_NOTE,), protocol="own",
     ),
+    "coop": Grid(
+        "coop", "CoOp's eleven datasets in Table 1's protocol", PAPER_ROWS, COOP_COLUMNS, ("Method", "PL"), average=True,
+        notes=(COOP_NOTE,),
+    ),
+    "backbones": Grid(
+        "backbones", "Backbone families in Table 1's protocol (CIFAR10, β = 0.1)", PAPER_ROWS,
+        tuple(backbone_column(*b, PAPER_ROWS) for b in BACKBONES), ("Method", "PL"), notes=(BACKBONE_NOTE,),
+    ),
     "tiny": Grid(
         "tiny", "tiny: the mechanics tests' model and data (does not learn)",
         (FEDUR_ROW, FEDCOPL_ROW),
@@ -598,7 +650,8 @@ def expand(grid: Grid, seeds: list[int], out: Path, rows: list[str] | None = Non
     for column in grid.columns:
         for row in grid.rows:
             for seed in seeds:
-                if (rows is None or row.key in rows) and (columns is None or column.key in columns):
+                chosen = (rows is None or row.key in rows) and (columns is None or column.key in columns)
+                if chosen and row.key not in column.skip_rows:
                     specs.append(RunSpec(index, grid, row, column, seed, out))
                 index += 1
     return specs
