@@ -19,7 +19,7 @@ from jsonargparse.typing import (
 )
 
 from fedur import channel
-from fedur.channel import AdversaryConfig, AggregatorConfig, ClockConfig, Stages
+from fedur.channel import AdversaryConfig, AggregatorConfig, ClockConfig, ServerConfig, Stages
 from fedur.errors import ConfigError
 
 # The annotations are the CLI's validation and show in --help: a value outside its range stops the
@@ -390,6 +390,7 @@ class Config:
     clock: ClockConfig = field(default_factory=ClockConfig)  # how clients answer in time (fedur/channel/clock.py)
     adversary: AdversaryConfig = field(default_factory=AdversaryConfig)  # clients that misbehave (fedur/channel/adversary.py)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)  # how the server combines (fedur/channel/reducer.py)
+    server: ServerConfig = field(default_factory=ServerConfig)  # when the server steps (fedur/channel/server.py)
     optim: OptimConfig = field(default_factory=OptimConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -440,7 +441,7 @@ GROUPS = {
     "model": ModelConfig,
     "data": DataConfig,
     "federation": FederationConfig,
-    **channel.GROUPS,  # clock, adversary, aggregator: the channel's stages (fedur/channel/), each a field of Config
+    **channel.GROUPS,  # clock, adversary, server, aggregator: the channel's stages (fedur/channel/), each a field of Config
     "optim": OptimConfig,
     "evaluation": EvaluationConfig,
     "privacy": PrivacyConfig,
@@ -471,7 +472,8 @@ def renamed(flat: dict) -> dict:
 RESULT_NEUTRAL = {
     "model.cache_dir", "model.checkpointing", "run.memory_estimate", "data.num_workers", "data.cache", "data.cache_dir",
     "data.feature_cache",
-    "federation.rounds", "optim.eval_batch_size", "evaluation.global_model", "evaluation.membership_attack",
+    "federation.rounds", "server.steps", "server.evaluate_every", "server.evaluate_unit", "optim.eval_batch_size",
+    "evaluation.global_model", "evaluation.membership_attack",
     "run.output_dir", "run.resume", "run.force_resume",
     "run.keep_checkpoints", "run.peer_timeout", "run.wait_timeout", "run.requeue_deadline", "run.requeue_on",
     "run.threads", "run.loggers", "run.clients_per_step", "run.log_every_n_steps", "run.progress", "run.figures", "fabric.accelerator",

@@ -74,6 +74,18 @@ SPECIAL = {
     # a boosted update clipped to the round's median update norm
     "fedur-scaled-clipped": ["--adversary.attackers", "1", "--adversary.attack", "scale", "--aggregator.rule",
                              "norm_clip"],
+    # an asynchronous server, FedBuff: clients of speeds 1, 2, 4 and 0.5 steps per second (0 and 1 on one rank, 2 and 3
+    # on the other under 2 ranks), one local step a job, a server step every 2 arrivals, a refresh at each client's own
+    # start: the hand-worked event sequence of docs/asynchronous.md (tests/train/test_asynchronous.py), with jobs in
+    # flight from older versions at every commit
+    "fedur-fedbuff": ["--server.mode", "fedbuff", "--server.buffer", "2", "--clock.speeds", "tests/speeds_hand_worked.json",
+                      "--optim.batch_size", "256", "--federation.local_epochs", "1"],
+    # FedAsync: three of the four clients training at once (who starts drawn from the idle), lognormal speeds and
+    # bandwidths, the hinge staleness function, a sign-flipping attacker, an evaluation every second step
+    "promptfl-fedasync": ["--method", "PromptFL", "--server.mode", "fedasync", "--server.concurrency", "3",
+                          "--server.staleness", "hinge", "--server.hinge_b", "1", "--server.evaluate_every", "2",
+                          "--clock.speeds", "lognormal", "--clock.bandwidth", "2000", "--adversary.attackers", "1",
+                          "--adversary.attack", "sign_flip"],
     # clients 2 and 3 held out, grouped {2, 3}: pFedPrompt's cache built at the adaptation from zero-shot labels
     "pfedprompt-new-clients": ["--method", "PFedPrompt", "--evaluation.new_clients", "0.5", "--run.clients_per_step", "2",
                                "--evaluation.new_client_labels", "zero_shot", "--evaluation.new_client_epochs", "1"],

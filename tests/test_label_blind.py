@@ -21,7 +21,7 @@ from fedur.app.main import main
 
 from .conftest import read_rounds
 from .own_data import ScrambledSynthetic
-from .shared_runs import LABEL_FREE, SHARED, method_cases, runs_rounds
+from .shared_runs import LABEL_FREE, SHARED, SPECIAL, method_cases, runs_rounds
 from .test_resume import tensors_of
 
 pytestmark = pytest.mark.slow  # whole (tiny) runs
@@ -29,6 +29,8 @@ pytestmark = pytest.mark.slow  # whole (tiny) runs
 MONITORING = {"pseudo_label_accuracy", "round_seconds", "phase_seconds"}  # what may differ, and timing
 CASES = {**method_cases(), **LABEL_FREE}  # every one of fedur's methods, every labeller at least once, and a validation
 # split with the label-free choice (tests/shared_runs.py)
+CASES.update({name: SPECIAL[name] for name in ("fedur-fedbuff", "promptfl-fedasync")})  # the asynchronous servers: each
+# client's refresh as it starts, with the others' last histograms
 SYNTHETIC = ["--dataset.classes", "5", "--dataset.train_per_class", "60", "--dataset.test_per_class", "20"]  # tiny's
 PERMUTATION_SEED = 3  # [3 4 1 0 2]: no label keeps its value
 

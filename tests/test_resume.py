@@ -262,7 +262,8 @@ RESUMED = [*(name for name in method_cases() if "+" not in name and plugins.by_k
            "fedur-private-central", "scaffold-private-local",  # ZeroShot has no round; privacy: its ledger and clip
            "fedur-stragglers", "fedcopl-attacked",  # the virtual clock, lost uploads, an attacker's stream
            "promptfl-flipped-krum", "fedur-scaled-clipped",  # the other attacks' and aggregators' kinds
-           "fedur-label-free", "fedotp-label-free"]  # the chosen models with their pieces, zero-shot's predictions
+           "fedur-label-free", "fedotp-label-free",  # the chosen models with their pieces, zero-shot's predictions
+           "fedur-fedbuff", "promptfl-fedasync"]  # an asynchronous server, killed with jobs in flight
 
 
 @pytest.mark.parametrize("name", RESUMED)

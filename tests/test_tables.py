@@ -402,7 +402,8 @@ def test_own_protocol_runs_baselines_with_their_presets(tmp_path):
 
     own, paper = GRIDS["table7-own"], GRIDS["table7"]
     assert (own.rows, own.columns, own.protocol, paper.protocol) == (paper.rows, paper.columns, "own", "fedur")
-    born_own = {"demo-privacy", "demo-system", "demo-robust"}  # grids of the 'own' protocol alone (each baseline at its demo preset)
+    born_own = {"demo-privacy", "demo-system", "demo-async", "demo-robust"}  # grids of the 'own' protocol alone (each
+    # baseline at its demo preset)
     assert {f"{name}-own" for name, g in GRIDS.items() if g.protocol == "fedur" and any(r.preset for r in g.rows)} == {
         name for name, g in GRIDS.items() if g.protocol == "own"} - born_own
     assert all(GRIDS[name].protocol == "own" and f"{name}-own" not in GRIDS for name in born_own)
@@ -506,3 +507,40 @@ def test_a_grid_ranks_its_runs_by_the_label_free_estimate_with_the_regret(tmp_pa
     assert "## Runs ranked without labels" in markdown
     assert "| dtd-beta0.1 | 1 | 3 | CLIP (zero-shot) / - | 57.00 | 45.00 | FedCoPL / CoPL | 66.00 | 21.00 |" in markdown
     assert "| dtd-beta0.1 | 2 |" not in markdown and "Mean regret over 1 column x seed choice(s): 21.00 points." in markdown
+
+
+def test_the_async_grids_time_to_95_percent_reads_the_synchronous_runs_final_accuracy(tmp_path):
+    """demo-async's time columns (Column.target) on hand-written runs of one row and spread: the virtual clock of the
+    first line at or past 95% of the synchronous run's final personal accuracy (a step that did not evaluate skipped),
+    n/a for a seed that never got there; and the accuracy-against-virtual-time figure of the spread."""
+    from fedur.app.tables.render import render
+
+    grid = GRIDS["demo-async"]
+    columns = [c.key for c in grid.columns if c.key.startswith("demo-async-s1-")]
+    specs = expand(grid, [1, 2], tmp_path, rows=["fedur"], columns=columns)
+    curves = {  # (owner column, seed) -> [(virtual clock, personal accuracy or None)], the synchronous final: 80 and 70
+        ("sync", 1): [(10.0, 60.0), (20.0, 75.0), (30.0, 80.0)], ("sync", 2): [(10.0, 50.0), (20.0, 66.5), (30.0, 70.0)],
+        ("fedasync", 1): [(2.0, 70.0), (4.0, None), (6.0, 76.5), (8.0, 79.0)], ("fedasync", 2): [(2.0, 40.0), (4.0, 50.0)],
+    }
+    for spec in specs:
+        key = spec.column.key.split("-s1-")[1]
+        if spec.column.runs is not None or (key, spec.seed) not in curves:
+            continue
+        spec.run_dir.mkdir(parents=True)
+        rows = [{"round": i + 1, "mean_accuracy": a, "virtual_clock": t} for i, (t, a) in enumerate(curves[key, spec.seed])]
+        (spec.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        final = [a for _, a in curves[key, spec.seed] if a is not None][-1]
+        (spec.run_dir / "summary.json").write_text(json.dumps({
+            "final_mean_accuracy": final, "final_client_accuracy": [final], "zero_shot_client_mean": 30.0,
+            "system": {"virtual_seconds": curves[key, spec.seed][-1][0]}}))
+    cells, files = render(grid, specs, [1, 2], tmp_path / "out")
+    to95 = {column: cells[("fedur", f"demo-async-s1-{column}-to95")] for column in ("sync", "fedasync")}
+    assert to95["sync"].value == {1: 30.0, 2: 20.0}  # 95% of 80 is 76 (reached at 30 s), of 70 is 66.5 (at 20 s)
+    assert to95["fedasync"].value == {1: 6.0} and to95["fedasync"].absent == [2]  # seed 2 never reached 66.5: n/a
+    whole = cells[("fedur", "demo-async-s1-fedasync-virtual")]
+    assert whole.value == {1: 8.0, 2: 4.0}
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "## virtual seconds to 95% of the synchronous run's final accuracy, speed spread 1" in table
+    assert "6.00 [1/2 seeds]" in table and "virtual seconds to reach a fraction" in table
+    assert tmp_path / "out" / "accuracy-virtual-time-speed-spread-1.png" in files
+

@@ -6,7 +6,8 @@
 Writes OUT/report.md (one row per run, then one table per run with its clients), OUT/accuracy_mean.png
 (the mean accuracy over clients per round, one line per run; round 0 is zero-shot CLIP) and
 OUT/accuracy_clients_<run>.png (every client of one run), OUT/accuracy_virtual_time.png (the mean accuracy against
-the virtual clock, one line per run, where a run's clients drop, lag or attack: docs/system.md), and prints the
+the virtual clock, one line per run, where a run's clients drop, lag or attack or its server is asynchronous:
+docs/system.md, docs/asynchronous.md), and prints the
 Markdown and the files.
 A run without summary.json (still running, or stopped) is reported from its metrics.jsonl, marked so.
 """
@@ -135,12 +136,18 @@ def run_row(run: Run) -> list[str]:
         partition += f" (beta {fed.get('beta')})"
     means = [r["mean_accuracy"] for r in run.rounds]
     wall = run.summary.get("wall_seconds") if run.complete else sum(r["round_seconds"] for r in run.rounds)
+    planned = run.rounds[-1]["rounds"] if steps(run) else fed.get("rounds", "?")  # (an asynchronous server's: steps)
     return [
         run.name, (run.summary or {}).get("dataset") or dataset_name(run.settings), partition, str(fed.get("num_clients", "?")),
-        f"{len(run.rounds)}/{fed.get('rounds', '?')}", _pct(run.zero_shot.get("zero_shot_client_mean")),
+        f"{len(run.rounds)}/{planned}", _pct(run.zero_shot.get("zero_shot_client_mean")),
         _pct(means[-1] if means else None), _best_at(means),
         format_duration(wall) + ("" if run.complete else " so far"), "complete" if run.complete else "incomplete",
     ]
+
+
+def steps(run: Run) -> bool:
+    """Whether the run's lines are an asynchronous server's steps (docs/asynchronous.md): it counts steps, not rounds."""
+    return bool(run.rounds) and "version" in run.rounds[-1]
 
 
 def client_rows(run: Run) -> list[list[str]]:
@@ -223,9 +230,10 @@ def privacy_rows(run: Run) -> list[list[str]]:
 
 
 def clients_misbehave(run: Run) -> bool:
-    """Whether the run's clients drop, lag or attack (summary.json's "system", or a round with uploads lost, late or
-    surplus, for a run still going)."""
-    return "system" in (run.summary or {}) or any(r.get("dropped") or r.get("late") or r.get("surplus") for r in run.rounds)
+    """Whether the run's clients drop, lag or attack, or its server is asynchronous (summary.json's "system", or a
+    round with uploads lost, late or surplus, or a server step, for a run still going)."""
+    return "system" in (run.summary or {}) or any(r.get("dropped") or r.get("late") or r.get("surplus") or "version" in r
+                                                  for r in run.rounds)
 
 
 def client_answer_rows(run: Run) -> list[list[str]]:
@@ -262,6 +270,11 @@ def markdown(runs: list[Run], pngs: list[Path]) -> str:
             delta = run.rounds[-1].get("delta")
             parts.append(f"Privacy (epsilon at delta {delta:g}, docs/privacy.md):\n\n" + table(
                 round_table(run, "privacy")[0], privacy))
+        steps = round_table(run, "server")[1]
+        if steps:
+            summary = (run.summary or {}).get("system", {}).get("server", {})
+            said = f" ({summary['mode']}, concurrency {summary['concurrency']}, buffer {summary['buffer']})" if summary else ""
+            parts.append(f"Server steps{said}; docs/asynchronous.md:\n\n" + table(round_table(run, "server")[0], steps))
         answers = client_answer_rows(run)
         if answers:
             system = (run.summary or {}).get("system", {})
@@ -317,8 +330,10 @@ def virtual_time_series(runs: list[Run]) -> dict[str, tuple[list[float], list[fl
     a virtual second), so a run with a deadline is seen against the same run without."""
     if not any(clients_misbehave(run) for run in runs):
         return {}
-    return {run.name: ([0.0, *(r["virtual_clock"] for r in run.rounds)],
-                       [run.zero_shot.get("zero_shot_client_mean"), *(r["mean_accuracy"] for r in run.rounds)])
+    evaluated = lambda run: [r for r in run.rounds if r.get("mean_accuracy") is not None]  # noqa: E731  (every round;
+    # an asynchronous server's steps that evaluated, server.evaluate_every)
+    return {run.name: ([0.0, *(r["virtual_clock"] for r in evaluated(run))],
+                       [run.zero_shot.get("zero_shot_client_mean"), *(r["mean_accuracy"] for r in evaluated(run))])
             for run in runs if run.rounds and all("virtual_clock" in r for r in run.rounds)}
 
 

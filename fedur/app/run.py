@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from fedur.app.settle import settle
-from fedur.config import Config, result_settings
+from fedur.config import Config, new_client_count, result_settings
 from fedur.federated.collectives import Collectives
 from fedur.launch_env import LaunchEnv, Startup, deterministic_environment, make_fabric, set_determinism, set_threads
 from fedur.train import ownership
@@ -57,10 +57,12 @@ def run(cfg: Config, env: LaunchEnv | None = None, startup: Startup | None = Non
             ownership.check_shared(Collectives(fabric), root, claim.nonce, fabric.node_rank)
         settings = result_settings(cfg.settings)  # the file settings' digests read once, for the resume and the markers
         run_dir, resume = run_dirs.resolve(root, run.resume, run.force_resume, cfg.federation.num_clients, settings)
-        rounds = cfg.method.rounds(cfg.federation.rounds)
+        training = cfg.federation.num_clients - new_client_count(cfg.evaluation.new_clients, cfg.federation.num_clients)
+        rounds = cfg.server.run_steps(cfg.method.rounds(cfg.federation.rounds), training, cfg.federation.join_rate)
         if resume is not None and resume.round_idx + 1 >= rounds and run_dir.path("summary.json").is_file():
             if fabric.is_global_zero:
-                print(f"fedur: {run_dir.root} is finished: all {rounds} round(s) are committed and its summary.json is written; "
+                unit = "round(s)" if cfg.server.mode == "sync" else "server step(s)"
+                print(f"fedur: {run_dir.root} is finished: all {rounds} {unit} are committed and its summary.json is written; "
                       f"nothing to resume (a larger --federation.rounds trains on from round {resume.round_idx + 2})")
             Collectives(fabric).end_of_run()
             return None

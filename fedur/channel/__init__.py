@@ -8,6 +8,8 @@ order, `ORDER`:
     adversary  what an attacker sends in place of its own, or the flipped labels it trains on (adversary.py, `adversary:`)
     noise      what leaves a client's rank under privacy: its update clipped, with its own noise in local mode; at the
                server, central privacy's noised mean (noise.py, `privacy:`)
+    server     when the server steps: rounds, or asynchronously as updates arrive, each weighed by its staleness
+               (server.py, `server:`; docs/asynchronous.md)
     reducer    what the server makes of the accepted rows: the method's mean or a robust rule (reducer.py, `aggregator:`)
 
 Before them the draw (who is asked: the method's draw, Method.participants, or under privacy a draw from the secret
@@ -20,18 +22,18 @@ from what each refuses (`check`: one line per refusal, with its reason).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from fedur.channel import adversary, clock, noise, reducer
+from fedur.channel import adversary, clock, noise, reducer, server
 from fedur.channel.adversary import Adversary, AdversaryConfig
 from fedur.channel.clock import Clock, ClockConfig
 from fedur.channel.noise import Noise
 from fedur.channel.reducer import AggregatorConfig, Reducer
-from fedur.channel.stage import Building, Exchange, Stage, Stages
+from fedur.channel.server import Server, ServerConfig
+from fedur.channel.stage import Building, Exchange, Stage, Stages, wanted
 from fedur.errors import ConfigError
 from fedur.federated.clock import Arrivals
 
@@ -40,9 +42,9 @@ if TYPE_CHECKING:
     from fedur.methods import Method
     from fedur.privacy import Privacy
 
-__all__ = ["AdversaryConfig", "AggregatorConfig", "Channel", "ClockConfig", "Drawn", "ORDER", "Stages", "check"]
+__all__ = ["AdversaryConfig", "AggregatorConfig", "Channel", "ClockConfig", "Drawn", "ORDER", "ServerConfig", "Stages", "check", "wanted"]
 
-ORDER = (clock, adversary, noise, reducer)  # the stages' modules, in the order a send passes them
+ORDER = (clock, adversary, noise, server, reducer)  # the stages' modules, in the order a send passes them
 GROUPS = {stage.GROUP: stage.CONFIG for stage in ORDER if stage.CONFIG is not None}  # their settings groups
 
 
@@ -60,6 +62,10 @@ class Drawn:
     arrivals: Arrivals  # who will be lost, late or taken, and when (fedur/federated/clock.py)
     budgets: Tensor | None  # (K,) int64 the steps each may take (-1: all; None: no deadline cuts any)
     piece_bytes: dict[str, int]  # {name: bytes} of one client's upload
+    staleness: Tensor | None = None  # (K,) int64 an asynchronous server step's: the versions each taken upload's base is
+    # behind (None: a synchronous round)
+    holding: Tensor | None = None  # (K,) bool the clients still training from an older version, who download nothing
+    # (an asynchronous server; None: every client downloads the new pieces)
 
     def limit(self, client_id: int) -> int | None:
         """The most local steps client `client_id` may take this round (None: all of its own)."""
@@ -76,7 +82,7 @@ class Channel:
     @classmethod
     def alone(cls) -> Channel:
         """Every stage off: a client that sends nothing (a new client adapting alone, evaluation.new_clients)."""
-        return cls((Clock(seed=0), Adversary(seed=0), Noise(None), Reducer()))
+        return cls((Clock(seed=0), Adversary(seed=0), Noise(None), Server(), Reducer()))
 
     def _stage(self, kind: type) -> Stage:
         return next(stage for stage in self.stages if isinstance(stage, kind))
@@ -92,6 +98,10 @@ class Channel:
     @property
     def noise(self) -> Noise:
         return self._stage(Noise)
+
+    @property
+    def server(self) -> Server:
+        return self._stage(Server)
 
     @property
     def reducer(self) -> Reducer:
@@ -178,11 +188,14 @@ class Channel:
 
     @property
     def own_rows(self) -> bool:
-        """Whether each row the method sees is its client's own (not under central privacy or a one-value rule)."""
-        return self.reducer.own_rows and not self.noise.central
+        """Whether each row the method sees is its client's own (not under central privacy, a one-value rule, or an
+        asynchronous server, whose rows are the arrivals applied to the current version)."""
+        return self.reducer.own_rows and not self.noise.central and not self.server.active
 
     @property
     def reducer_name(self) -> str:
+        if self.server.active:
+            return f"server.mode {self.server.mode}"
         return "privacy.mode central" if self.noise.central else f"aggregator.rule {self.reducer.rule}"
 
     # -- a refresh's histograms ----------------------------------------------------------------------------------
@@ -218,14 +231,16 @@ class Channel:
         return None if self.privacy is None else self.privacy.stop_before(round_idx, rounds, refreshes)
 
     def summary(self, rounds: list[dict]) -> dict:
-        """summary.json's entries of the stages: "privacy" (privacy on) and "system" (the clock, the adversary or the
-        reducer on: the attackers, and over the run's rounds, its metrics.jsonl lines, how many uploads were asked for,
-        lost, late and taken, the rounds that kept the global state, and the virtual clock)."""
+        """summary.json's entries of the stages: "privacy" (privacy on) and "system" (the clock, the adversary, the
+        server or the reducer on: the attackers, and over the run's rounds, its metrics.jsonl lines, how many uploads were
+        asked for, lost, late and taken, the rounds that kept the global state, the virtual clock, and an asynchronous
+        server's steps)."""
         total = lambda key: sum(len(r.get(key) or []) for r in rounds)  # noqa: E731
         system = {"attackers": list(self.adversary.attackers), "attack": self.adversary.attack, "aggregator": self.reducer.rule,
                   **{f"{key}_uploads": total(key) for key in ("asked", "answered", "dropped", "late", "surplus", "accepted")},
                   "kept_global_rounds": [r["round"] for r in rounds if r.get("kept_global")],
-                  "virtual_seconds": rounds[-1].get("virtual_clock") if rounds else 0.0}
+                  "virtual_seconds": rounds[-1].get("virtual_clock") if rounds else 0.0,
+                  **({"server": self.server.summary(rounds)} if self.server.active else {})}
         return {**({} if self.privacy is None else {"privacy": self.privacy.summary()}), **({"system": system} if self.system else {})}
 
     def state_dict(self) -> dict:
@@ -243,6 +258,7 @@ def check(stages: Stages, method: Method, labeller: Labeller | None, num_clients
     ConfigError in one line with its reason. Privacy's own settings are checked by fedur/privacy/releases.py::build."""
     stages.clock.check(num_clients, join_rate)
     stages.adversary.count(num_clients)
+    stages.server.check(num_clients, join_rate)
     for refusal in composition(stages, method, labeller):
         raise ConfigError(refusal)
 
@@ -253,14 +269,11 @@ def composition(stages: Stages, method: Method, labeller: Labeller | None) -> li
     return [line for stage in ORDER for line in stage.refusals(stages, method, labeller)]
 
 
-def build(stages: Stages, privacy: Privacy | None, num_clients: int, seed: int, batch_size: int, local_epochs: int) -> Channel:
+def build(stages: Stages, privacy: Privacy | None, num_clients: int, seed: int, batch_size: int, local_epochs: int,
+          join_rate: float = 1.0) -> Channel:
     """The run's Channel for `num_clients` training clients (checked: `check`): every stage of ORDER from its settings;
     `privacy`: the run's mechanism and ledger (fedur/privacy/releases.py::build; None: off)."""
-    building = Building(stages, num_clients, seed, batch_size, local_epochs, privacy)
+    building = Building(stages, num_clients, seed, batch_size, local_epochs, privacy, join_rate)
     return Channel(tuple(stage.build(getattr(stages, stage.GROUP, None), building) for stage in ORDER))
 
-
-def wanted(join_rate: float, num_clients: int) -> int:
-    """How many uploads a round takes: ceil(join_rate x N) (over-selection asks more and takes these first)."""
-    return math.ceil(join_rate * num_clients) if join_rate < 1 else num_clients
 

@@ -13,6 +13,7 @@ the server (`release`, in the same order), and says what it does in the run's fi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,8 @@ class Exchange:
     expected: dict[str, Tensor]  # every name a client sends (its shared pieces and messages), its shape and dtype
     drawn: int  # the clients asked (privacy's denominator, m)
     round_idx: int  # from 0
+    staleness: Tensor | None = None  # (K,) int64 an asynchronous server step's: how many versions each taken upload's
+    # base is behind the current one (None: a synchronous round)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Building:
     batch_size: int  # optim.batch_size: a client's local steps are its epochs over its pseudo-labels in these batches
     local_epochs: int  # federation.local_epochs
     privacy: Privacy | None  # the run's mechanism and its ledger (None: privacy off)
+    join_rate: float = 1.0  # federation.join_rate (how many a round asks: an asynchronous server's concurrency)
 
 
 class Stage:
@@ -80,3 +84,8 @@ class Stage:
         """(the rows, {name: (K, *shape)}, their (K,) weights, the stage's metrics of the round) from what the stage
         before it handed on."""
         return rows, weights, {}
+
+
+def wanted(join_rate: float, num_clients: int) -> int:
+    """How many uploads a round takes: ceil(join_rate x N) (over-selection asks more and takes these first)."""
+    return math.ceil(join_rate * num_clients) if join_rate < 1 else num_clients

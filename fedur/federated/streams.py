@@ -99,3 +99,15 @@ def validation_positions(seed: int, client_id: int, num_train: int, count: int) 
     whatever the other clients hold."""
     rng = np.random.default_rng(_seed(seed, _VALIDATION, client_id))
     return np.sort(rng.permutation(num_train)[:count]).astype(np.int64)
+
+
+_SERVER_STARTS = 7  # an asynchronous server's draws of who starts (server.mode fedbuff | fedasync)
+
+
+def starters(idle: list[int], count: int, seed: int, step: int) -> list[int]:
+    """`count` of the `idle` client ids, drawn uniformly without replacement to start after asynchronous server step
+    `step` (from 0; -1: at time 0, before the first), ascending; all of them where `count` is as many."""
+    if count >= len(idle):
+        return sorted(idle)
+    rng = np.random.default_rng(_seed(seed, _SERVER_STARTS, step + 1))
+    return sorted(int(k) for k in rng.choice(np.asarray(idle), size=count, replace=False))

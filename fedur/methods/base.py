@@ -268,6 +268,13 @@ class ServerSide:
     # client's own row (the run is refused with a reducer that releases one value: a median, a trimmed mean, central
     # privacy's noised mean); "released", rows that may all be that one value.
     reads_rows: ClassVar[Literal["own", "released"] | None] = None
+    # Under an asynchronous server (server.mode fedbuff | fedasync, docs/asynchronous.md) a step's rows are its
+    # arrivals, each trained from an older version, applied to the current one: a method whose aggregate is ServerSide's
+    # (the weighted mean) runs there as it is. One with an aggregate of its own says what it does with such stale
+    # arrivals (`stale_inputs`, a sentence for docs/asynchronous.md), or why it cannot (`asynchronous_refusal`, words
+    # that follow its name in the one line that refuses it); without either it is refused.
+    stale_inputs: ClassVar[str | None] = None
+    asynchronous_refusal: ClassVar[str | None] = None
     weighting: str = "selected"  # Method.__init__'s setting
 
     def aggregate(self, round: ServerRound) -> Aggregated:

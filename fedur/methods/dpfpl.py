@@ -60,6 +60,8 @@ class DPFPL(Method):
     key = "dpfpl"
     label = "DP-FPL"
     preset = "dpfpl"
+    stale_inputs = ("the mean of a step's staleness-weighted arrivals, as FedAvg's; the step count its server keeps "
+                    "counts the server's steps; its local noise's streams follow each client's own rounds")
 
     def __init__(self, rank: PositiveInt = 8, local_clip: PositiveFloat = 10.0, local_noise: NonNegativeFloat = 0.0,
                  gradient: Literal["reference", "projection"] = "reference",

@@ -71,6 +71,8 @@ class FedPromptSRC(Method):
 
     label = "FedPromptSRC"
     preset = "fedpromptsrc"
+    stale_inputs = ("the mean of a step's staleness-weighted arrivals, as every averaged method; GPA's Gaussian weights "
+                    "run over the server's steps (ServerRound.number of .rounds) in place of its rounds")
 
     def __init__(self, text_depth: PositiveInt | None = None, vision_depth: PositiveInt | None = None, ctx_init: str | None = None,
                  text_weight: NonNegativeFloat = 25.0, image_weight: NonNegativeFloat = 10.0, gpa: Literal["rounds", "off"] = "rounds",

@@ -41,6 +41,9 @@ class SCAFFOLD(FedUR):
 
     key = "scaffold"
     added_settings = {**FedUR.added_settings, "new_clients": "control"}
+    asynchronous_refusal = ("corrects each client's steps by the server's control variate c of its round, and a stale "
+                            "arrival's correction and its c delta were made against an older c: Algorithm 1 (Karimireddy et "
+                            "al. 2020) defines no asynchronous update of c; use server.mode sync")
 
     def __init__(self, server_lr: float = 1.0, new_clients: Literal["control", "none"] = "control",
                  weighting: Literal["selected", "data", "uniform"] = "uniform", **kwargs) -> None:

@@ -20,6 +20,7 @@ from fedur.launch_env import Startup, software_environment
 from fedur.privacy import Federation, Privacy, build
 from fedur.privacy.releases import secret_seed
 from fedur.train import checkpoint, label_free
+from fedur.train.asynchronous import run_step
 from fedur.train.evaluate import evaluate_zero_shot
 from fedur.train.host import Host
 from fedur.train.module import Optimization, PromptTuner
@@ -92,19 +93,23 @@ def fit(fabric: Fabric, cfg: Config, run_dir: RunDir, resume: checkpoint.Committ
     else:
         state.load_state_dict(saved)
         host.secret_seed = state.secret_seed
-        recorder.note(f"resumed from {resume.folder} (round {start_round + 1} of {cfg.federation.rounds} is next)")
+        next_one = f"round {start_round + 1} of {cfg.federation.rounds}" if plan.channel.server.synchronous else \
+            f"server step {start_round + 1} of {plan.rounds}"
+        recorder.note(f"resumed from {resume.folder} ({next_one} is next)")
     for line in plan.channel.describe():  # (after a resume: with the clip it restored)
         recorder.note(line)
 
     recorder.startup = startup.seconds(time.time())  # everything before round 1
     last, start_time, wall_before = None, time.perf_counter(), state.wall_seconds
     wall = lambda: wall_before + time.perf_counter() - start_time  # noqa: E731  (over every session of the run)
-    for round_idx in progress.iterate(range(start_round, plan.rounds), "rounds", total=plan.rounds, initial=start_round):
+    server = plan.channel.server  # rounds, or an asynchronous server's steps (docs/asynchronous.md)
+    advance, unit = (run_round, "rounds") if server.synchronous else (run_step, "server steps")
+    for round_idx in progress.iterate(range(start_round, plan.rounds), unit, total=plan.rounds, initial=start_round):
         stop_line = plan.channel.stop_before(round_idx, plan.rounds, plan.refreshes(round_idx, host.tuner.labeller))
         if stop_line:  # (privacy.target_epsilon: this round's releases would pass it)
             recorder.note(stop_line)
             break
-        last = run_round(host, state, round_idx, plan)
+        last = advance(host, state, round_idx, plan)
         recorder.record_round(round_record(last, history.first_round))
         state.wall_seconds = wall()
         marker = checkpoint.Marker(round_idx, host.num_clients, fabric.world_size, settings, format=numbering)
@@ -127,9 +132,10 @@ def round_plan(cfg: Config, host: Host, truth: Truth, server: ServerState) -> Ro
     rounds, num_training = host.method.rounds(fed.rounds), int(host.training.sum())
     host.secret_seed = secret(cfg, host)
     privacy = private_releases(cfg, host, server, rounds, train_sizes)
-    channel = channels.build(cfg.stages, privacy, num_training, cfg.run.seed, optim.batch_size, fed.local_epochs)
+    channel = channels.build(cfg.stages, privacy, num_training, cfg.run.seed, optim.batch_size, fed.local_epochs,
+                             fed.join_rate)
     return RoundPlan(
-        rounds=rounds, refresh_every=fed.refresh_every, join_rate=fed.join_rate, seed=cfg.run.seed,
+        rounds=channel.server.run_steps(rounds), refresh_every=fed.refresh_every, join_rate=fed.join_rate, seed=cfg.run.seed,
         optim=Optimization(optim.lr, optim.momentum, optim.weight_decay, fed.local_epochs, fed.refresh_every, optim.schedule,
                            optim.cosine_epochs, optim.warmup_epochs, optim.warmup_lr),
         optimizer_state=optim.optimizer_state, global_model=cfg.evaluation.global_model,

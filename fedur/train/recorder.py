@@ -265,7 +265,8 @@ class Recorder:
                                          f"selected pseudo-labels, round {step}"), FIELD["selection"].image, step)
         session = self.rounds[self.start_round:]  # the pace of this process, not of an interrupted one
         left = eta_seconds(sum(r["round_seconds"] for r in session), len(session), row["rounds"] - step)
-        self.note("  ".join([f"round {step:>3}/{row['rounds']}", *round_line(row, self.test_labels),
+        unit = "step" if "version" in row else "round"  # an asynchronous server's steps (docs/asynchronous.md)
+        self.note("  ".join([f"{unit} {step:>3}/{row['rounds']}", *round_line(row, self.test_labels),
                              f"eta {format_duration(left)}"]))
 
     def record_adapted(self, counts: Tensor, training: Tensor) -> None:
@@ -285,7 +286,7 @@ class Recorder:
     def record_virtual_time(self) -> None:
         """accuracy_virtual_time.png (and TensorBoard's accuracy/virtual_time image): the personal (and global) mean
         accuracy against the virtual clock (clock.speeds ...; docs/system.md)."""
-        rounds = [r for r in self.rounds if r.get("virtual_clock") is not None]
+        rounds = [r for r in self.rounds if r.get("virtual_clock") is not None and r.get("mean_accuracy") is not None]
         if not rounds or not self.test_labels:
             return
         from fedur.plots import line_plot

@@ -76,7 +76,10 @@ class Ask:
     zero_shot: bool  # label with zero-shot CLIP (the first refresh; a new client: evaluation.new_client_labels)
     n_total: int  # the train images the cooperative allocation's fallback divides (the whole train set)
     members: Tensor | None = None  # (K,) bool the clients that label and cooperate (None: host.training); the others
-    # keep their pseudo-labels and have zero rows
+    # keep their pseudo-labels and have zero rows, unless `others` gives their last ones
+    others: Refresh | None = None  # the last refresh, whose rows of the training clients that are not members stand for
+    # theirs: their last histograms join the members' fresh ones (a client of an asynchronous server refreshes alone
+    # as it starts, docs/asynchronous.md); None: the non-members take no part
 
 
 def refresh_pseudo_labels(host: Host, labeller: Labeller, channel: Channel, ask: Ask, train_labels: np.ndarray | None) -> Refresh:
@@ -97,6 +100,7 @@ def refresh_pseudo_labels(host: Host, labeller: Labeller, channel: Channel, ask:
     """
     num_classes, n_total, refresh_idx = host.model.num_classes, ask.n_total, ask.refresh_idx
     members = host.training if ask.members is None else ask.members
+    stale = Stale.of(ask.others, host.training & ~members)  # the others' last histograms (None: they take no part)
     answered, lost = channel.histograms_arrive(ask.round_idx, members)  # whose histograms arrive, whose are lost
     hosted = [c for c in host.clients if members[c.client_id]]
     predictions = host.predict("train", ask.zero_shot, desc="pseudo-labelling clients", clients=hosted)
@@ -108,7 +112,7 @@ def refresh_pseudo_labels(host: Host, labeller: Labeller, channel: Channel, ask:
                                         "pseudo-label histograms")
         own = {}
         for k, estimate in estimated.items():  # each client's quotas from its own estimate and what it learned
-            totals, clients = estimates.seen_by(estimate, k)
+            totals, clients = stale.estimates(*estimates.seen_by(estimate, k))
             own[k] = labeller.allocate(estimate[None], n_total, refresh_idx, totals=totals, num_clients=clients)[0]
         quotas = host.gather(own, torch.zeros(num_classes, dtype=torch.long, device="cpu"), what="quotas")
     local = {}
@@ -125,16 +129,51 @@ def refresh_pseudo_labels(host: Host, labeller: Labeller, channel: Channel, ask:
     gathered = host.gather(local, torch.zeros(num_classes + 4, dtype=torch.long, device="cpu"), what="selected counts")
     selected, hits, agreed = gathered[:, :num_classes], gathered[:, num_classes:num_classes + 2], gathered[:, num_classes + 2:]
     quotas = selected if quotas is None else quotas
+    estimated = channel.noise.counted(estimates.rows) if estimates is not None else selected
+    estimated, quotas, selected, hits, agreed = stale.rows(estimated, quotas, selected, hits, agreed)
     weights, released = None, None if estimates is None else estimates.record
     if weighs_classes(labeller):  # the class weights read the released sum of the selected counts
         counts = {c.client_id: torch.bincount(c.pseudo_labels.labels, minlength=num_classes) for c in hosted}
         heard = answered if bool(answered.any()) else members  # (all lost: every member's, as if none were)
         chosen = exchange_histograms(host, channel, counts, heard, refresh_idx, streams.NOISE_SELECTED, "selected histograms")
-        weights = labeller.class_weights(quotas[heard], chosen.total[None])
+        total, heard = stale.selected(chosen.total, heard)
+        weights = labeller.class_weights(quotas[heard], total[None])
         released = released or chosen.record
-    return Refresh(channel.noise.counted(estimates.rows) if estimates is not None else selected, quotas, selected,
-                   None if train_labels is None else hits, weights, None if ask.zero_shot else agreed,
-                   *(released or (None, None)), lost=lost)
+    return Refresh(estimated, quotas, selected, None if train_labels is None else hits, weights,
+                   None if ask.zero_shot else agreed, *(released or (None, None)), lost=lost)
+
+
+@dataclass(frozen=True)
+class Stale:
+    """The last histograms of the training clients that do not refresh now (`Ask.others`), standing for theirs."""
+
+    last: Refresh | None  # None: the non-members take no part
+    clients: Tensor  # (K,) bool whose rows these are
+
+    @classmethod
+    def of(cls, last: Refresh | None, others: Tensor) -> Stale:
+        return cls(last, others if last is not None else torch.zeros_like(others))
+
+    def estimates(self, total: Tensor, count: int) -> tuple[Tensor, int]:
+        """The (C,) sum of the estimates a member reads, over `count` clients, with the others' last ones added."""
+        if self.last is None:
+            return total, count
+        return total + self.last.estimated[self.clients].sum(dim=0).to(total.dtype), count + int(self.clients.sum())
+
+    def selected(self, total: Tensor, heard: Tensor) -> tuple[Tensor, Tensor]:
+        """The (C,) sum of the selected counts over the (K,) `heard` members, with the others' last ones added, and
+        whose they are."""
+        if self.last is None:
+            return total, heard
+        return total + self.last.selected[self.clients].sum(dim=0).to(total.dtype), heard | self.clients
+
+    def rows(self, *fresh: Tensor | None) -> list[Tensor | None]:
+        """(estimated, quotas, selected, label hits, agreement) with the others' rows their last ones."""
+        if self.last is None:
+            return list(fresh)
+        last = (self.last.estimated, self.last.quotas, self.last.selected, self.last.label_hits, self.last.agreement)
+        return [rows if rows is None or old is None else torch.where(self.clients[:, None], old.to(rows.dtype), rows)
+                for rows, old in zip(fresh, last)]  # (K, C) or (K, 2) each
 
 
 def label_hits(chosen: PseudoLabels, train_indices: np.ndarray, train_labels: np.ndarray | None) -> Tensor:

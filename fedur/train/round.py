@@ -29,7 +29,7 @@ INT64_BYTES = 8
 class RoundPlan:
     """What every round of a run is run by (plain values, fixed for the run)."""
 
-    rounds: int  # the method's number of rounds (Method.rounds of federation.rounds)
+    rounds: int  # the method's number of rounds (Method.rounds of federation.rounds), or an asynchronous server's steps
     refresh_every: int  # federation.refresh_every
     join_rate: float  # federation.join_rate
     seed: int  # run.seed: who takes part, and every client's data order

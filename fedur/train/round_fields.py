@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 from fedur.metrics import fmt, mean
 
-How = Literal["value", "mean", "sum", "count", "so far", "per client", "per class", "per name", "mean per name"]
+How = Literal["value", "mean", "max", "sum", "count", "so far", "per client", "per class", "per name",
+              "mean per name"]
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,10 @@ class Scalars:
     """One TensorBoard tag and how a row's value becomes its scalars. In `tag`, XXX stands for a client id, CCC for a
     class index and NAME for a dict's key (":" written "_"; a dict of dicts: key_subkey).
 
-    how: "value" as it is; "mean" over the clients that have one; "sum" over the clients (none if a client has
-    none); "count" of the ids; "so far" the sums of this and every earlier round of the run; "per client",
-    "per class" one tag per entry of a list; "per name" one per key of a dict; "mean per name" one per key of a dict,
-    a list's mean over the clients that have a value (a text is left out)."""
+    how: "value" as it is; "mean" over the clients that have one; "max" of a list (none if empty); "sum" over the
+    clients (none if a client has none); "count" of the ids; "so far" the sums of this and every earlier round of the
+    run; "per client", "per class" one tag per entry of a list; "per name" one per key of a dict; "mean per name" one
+    per key of a dict, a list's mean over the clients that have a value (a text is left out)."""
 
     tag: str
     how: How = "value"
@@ -42,6 +43,8 @@ class Scalars:
             return {self.tag: value}
         if self.how == "mean":
             return {self.tag: mean(value or [])}
+        if self.how == "max":
+            return {self.tag: max(value) if value else None}
         if self.how == "sum":
             return {self.tag: None if value is None or None in value else sum(value)}
         if self.how == "count":
@@ -70,11 +73,12 @@ def flat(named: dict, prefix: str = "") -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Column:
-    """A column of one of fedur-report's per-round tables: "privacy" (a row per round with privacy on) or "answers"
-    (a row per round of a run whose clients drop, lag or attack). Each table starts with the round and ends with the
-    mean accuracy; its columns are its fields' in FIELDS order, and its rows the rounds that have its first field."""
+    """A column of one of fedur-report's per-round tables: "privacy" (a row per round with privacy on), "answers"
+    (a row per round of a run whose clients drop, lag or attack) or "server" (a row per step of an asynchronous
+    server). Each table starts with the round and ends with the mean accuracy; its columns are its fields' in FIELDS
+    order, and its rows the rounds that have its first field."""
 
-    table: Literal["privacy", "answers"]
+    table: Literal["privacy", "answers", "server"]
     header: str
     cell: Callable[[Any], str]  # the value (None where the row lacks the field) -> its text
 
@@ -143,6 +147,15 @@ def _estimated(value: dict | None, row: dict) -> list[str]:
     return [] if found is None else [f"est {fmt(found)}% ({estimator})"]
 
 
+def _listed(values: list | None) -> str:
+    return ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in values or [])
+
+
+def _arrived(arrived: list[int], row: dict) -> list[str]:
+    return [f"v{row['version']} arrived {','.join(map(str, arrived))} (staleness {','.join(map(str, row['staleness']))}) "
+            f"at {row['virtual_clock']:.4g}s"]
+
+
 def _held_out(name: str) -> str:
     if name == "novel":
         return "the server's model on the novel classes, with their names"
@@ -152,6 +165,7 @@ def _held_out(name: str) -> str:
 PRIVACY = "privacy on"
 REFRESH = "a refresh"
 ASKED = "every round (who answered: docs/system.md)"
+ASYNCHRONOUS = "an asynchronous server's step (server.mode fedbuff | fedasync: docs/asynchronous.md)"
 
 FIELDS: tuple[Field, ...] = (
     Field("round", "the round's number, from 1 (0 in runs of fedur from before it counted rounds from 1): "
@@ -159,7 +173,7 @@ FIELDS: tuple[Field, ...] = (
     Field("rounds", "the rounds the run has"),
     Field("mean_accuracy", "personal accuracy: the mean over the training clients of each one's accuracy on its own "
           "test set with its own model (%)",
-          tensorboard=(Scalars("accuracy/mean"),), line=lambda v, row: [f"acc {fmt(v)}%"], labelled=True,
+          tensorboard=(Scalars("accuracy/mean"),), line=lambda v, row: [] if v is None else [f"acc {fmt(v)}%"], labelled=True,
           protocol=Protocol("personal", "mean over the {covers}, each on its own test set with its own model",
                             "zero_shot_client_mean", ""),
           report="the runs table (final, best), the per-round tables' mean accuracy, accuracy_mean.png"),
@@ -268,12 +282,32 @@ FIELDS: tuple[Field, ...] = (
           when=ASKED, column=Column("answers", "global", lambda kept: "kept" if kept else "")),
     Field("virtual_seconds", "the round's virtual duration", when=ASKED, tensorboard=(Scalars("time/virtual_seconds"),),
           column=Column("answers", "virtual s", lambda v: f"{v or 0:.4g}")),
-    Field("virtual_clock", "the run's virtual seconds after this round", when=ASKED,
+    Field("virtual_clock", "the run's virtual seconds after this round (an asynchronous step: the time of its last "
+          "arrival)", when=f"{ASKED}; {ASYNCHRONOUS}",
           tensorboard=(Scalars("time/virtual_clock"),), column=Column("answers", "virtual clock", lambda v: f"{v or 0:.4g}"),
           report="accuracy_virtual_time.png"),
     Field("deadline_seconds", "the round's deadline in virtual seconds (None: no deadline)", when=ASKED),
     Field("client_virtual_seconds", "each asked client's virtual seconds to answer (None: not asked)", when=ASKED),
     Field("local_steps", "each asked client's budget of local steps (None: not asked)", when=ASKED),
+    Field("version", "the global version after the step: the server's steps so far", when=ASYNCHRONOUS,
+          tensorboard=(Scalars("server/version"),), column=Column("server", "version", str)),
+    Field("arrived", "the clients whose updates the step applied, in the order they arrived", when=ASYNCHRONOUS,
+          line=_arrived, column=Column("server", "arrived", _listed)),
+    Field("staleness", "each arrival's staleness (in the order of `arrived`): how many versions the one it trained from "
+          "was behind the one it was applied to", when=ASYNCHRONOUS,
+          tensorboard=(Scalars("server/staleness_mean", "mean"), Scalars("server/staleness_max", "max")),
+          column=Column("server", "staleness", _listed)),
+    Field("step_sizes", "each arrival's factor on its change: server.server_lr x s(staleness) (FedBuff) or server.mixing "
+          "x s(staleness) (FedAsync)", when=ASYNCHRONOUS, tensorboard=(Scalars("server/step_size_mean", "mean"),),
+          column=Column("server", "step sizes", _listed)),
+    Field("arrival_seconds", "each arrival's virtual time", when=ASYNCHRONOUS,
+          column=Column("server", "arrived at (virtual s)", _listed)),
+    Field("arrival_steps", "each arrival's local steps (its epochs over the pseudo-labels it selected as it started)",
+          when=ASYNCHRONOUS),
+    Field("started", "the clients that start from the new version (those the step applied, or idle ones drawn), "
+          "ascending", when=ASYNCHRONOUS, column=Column("server", "started", _listed)),
+    Field("in_flight", "the clients training after the step, ascending", when=ASYNCHRONOUS,
+          tensorboard=(Scalars("server/in_flight", "count"),)),
     Field("epsilon", "the epsilon spent so far at `delta` (None: infinite)", when=PRIVACY,
           tensorboard=(Scalars("privacy/epsilon"),), line=lambda v, row: ["eps inf" if v is None else f"eps {v:.2f}"],
           column=Column("privacy", "epsilon", lambda v: "inf" if v is None else f"{v:.3f}")),

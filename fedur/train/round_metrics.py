@@ -29,7 +29,8 @@ class RoundOutcome:
     refresh: Refresh | None  # the last refresh (None: a method without a labeller)
     joined: Tensor  # (K,) bool: sampled to take part (federation.join_rate)
     weights: Tensor  # (K,) aggregation weight of each client that took part (Method.client_weights), else 0
-    accuracy: Tensor  # (K, 2) [correct, total] on the client's test set after aggregation
+    accuracy: Tensor | None  # (K, 2) [correct, total] on the client's test set after aggregation (None: an asynchronous
+    # server's step that did not evaluate, server.evaluate_every)
     confusion: Tensor | None = None  # (K, C, C) the clients' confusion matrices, where the round asked for them
     losses: Tensor  # (K, 4) mean loss, loss_pos, loss_neg and the first learning rate of each client that trained
     uploads: Tensor  # (K,) bytes each client sent
@@ -49,6 +50,8 @@ class RoundOutcome:
     virtual_clock: float = 0.0  # the run's virtual seconds after this round
     poisoned: list[int] | None = None  # the attackers whose upload the round took
     label_free: LabelFree | None = None  # the estimates without labels and the calibration (fedur/train/label_free.py)
+    server: dict | None = None  # an asynchronous server's step: its version, arrivals, their staleness, who started
+    # (fedur/train/asynchronous.py; None: a round)
 
 
 def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
@@ -64,7 +67,7 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
     def per_trained(column: int) -> list[float | None]:
         return [float(losses[k, column]) if t else None for k, t in enumerate(trained)]
 
-    client_acc = accuracies(outcome.accuracy)
+    client_acc = [None] * num_clients if outcome.accuracy is None else accuracies(outcome.accuracy)
     training = torch.ones(num_clients, dtype=torch.bool, device="cpu") if outcome.training is None else outcome.training
     personal = mean([acc for acc, t in zip(client_acc, training.tolist()) if t])
     global_acc = None if outcome.global_counts is None else accuracies(outcome.global_counts.view(1, 2))[0]
@@ -76,7 +79,8 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
         "rounds": rounds,
         "mean_accuracy": personal,  # personal: the plain mean over the training clients of each one's own test accuracy
         "client_accuracy": client_acc,  # every client's, new ones too
-        "weighted_accuracy": pooled(outcome.accuracy[training]),  # the same clients, weighted by their test images
+        "weighted_accuracy": None if outcome.accuracy is None else pooled(outcome.accuracy[training]),  # the same clients,
+        # weighted by their test images
         "global_accuracy": global_acc,  # the server's model on the training clients' test images together
         "dual_accuracy": harmonic_mean(personal, global_acc),
         "new_clients": new,  # held out of every round (evaluation.new_clients)
@@ -112,6 +116,7 @@ def round_record(outcome: RoundOutcome, first_round: int = 1) -> dict:
         **(outcome.privacy or {}),  # privacy on: "epsilon" (at "delta") spent so far, "clip" (and per client, local)
         **(answers(outcome.arrivals, outcome) if outcome.arrivals is not None else {}),
         **label_free_fields(outcome.label_free, training),
+        **(outcome.server or {}),  # an asynchronous server's step (fedur/train/asynchronous.py)
     }
     if undeclared(row):  # internal: a key without its declaration (what it is, where it is shown)
         raise RuntimeError(f"metrics.jsonl keys {undeclared(row)} are not declared in fedur/train/round_fields.py")

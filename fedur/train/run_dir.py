@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from fedur.config import DIGEST, FILE_SETTINGS, GROUPS, file_digest, plugin_described, renamed
+from fedur.config import DIGEST, FILE_SETTINGS, GROUPS, RESULT_NEUTRAL, file_digest, plugin_described, renamed
 from fedur.errors import FedurError
 from fedur.evaluation.estimators import DEFAULT as DEFAULT_ESTIMATOR
 from fedur.train import checkpoint
@@ -194,8 +194,9 @@ ADDED_SETTINGS = {
     "data.validation_fraction": 0.0,
     "evaluation.select": "none",
     "evaluation.estimator": DEFAULT_ESTIMATOR,
-    **{f"{group}.{f.name}": f.default for group in ("clock", "adversary", "aggregator")  # clients that drop, lag,
-       for f in fields(GROUPS[group])},  # misbehave, and the aggregator: their defaults
+    **{f"{group}.{f.name}": f.default for group in ("clock", "adversary", "aggregator", "server")  # clients that drop,
+       for f in fields(GROUPS[group]) if f"{group}.{f.name}" not in RESULT_NEUTRAL},  # lag, misbehave, the aggregator
+    # and when the server steps: their defaults
 }
 
 

@@ -64,7 +64,8 @@ def exchange(host: Host, server: ServerState, channel: Channel, drawn: Drawn, lo
             raise PluginError(f"{type(method).__name__}.upload of client {k} sent {sorted(upload)}; it must send one "
                               f"tensor per shared piece and message: {sorted(expected)}")
         check_tensors(client.extra, f"{type(method).__name__}.upload's client.extra")
-        sends[k] = channel.leave(k, number - 1, upload, server.shared)
+        downloaded = {name: local[k].start[name] for name in server.shared} if k in local else server.shared  # its base
+        sends[k] = channel.leave(k, number - 1, upload, downloaded)
     gathered = {}  # {name: (K, *shape)}, or the (*shape) sum over the taken clients for method.summed
     for name, like in channel.wire(expected).items():
         pieces, what = {k: send[name] for k, send in sends.items()}, f"{name} uploads"
@@ -72,17 +73,17 @@ def exchange(host: Host, server: ServerState, channel: Channel, drawn: Drawn, lo
             gathered[name] = host.collectives.sum_clients(pieces, host.num_clients, like, weights > 0, what)
         else:
             gathered[name] = host.gather(pieces, like=like, what=what)
-    exchanged = Exchange(dict(server.shared), expected, int(drawn.joined.sum()), number - 1)
+    exchanged = Exchange(dict(server.shared), expected, int(drawn.joined.sum()), number - 1, drawn.staleness)
     rows, weights, metrics = channel.release(gathered, weights, exchanged)
     released = ServerRound(number, rounds, rows, weights, dict(server.shared), dict(server.method), host.training,
                            own_rows=channel.own_rows, rows_readable=channel.own_rows or method.reads_rows == "released",
                            reducer=channel.reducer_name, summed=tuple(method.summed))
-    return {**aggregate(host, server, released), **metrics}
+    return {**aggregate(host, server, released, drawn.holding), **metrics}
 
 
-def aggregate(host: Host, server: ServerState, released: ServerRound) -> dict:
+def aggregate(host: Host, server: ServerState, released: ServerRound, holding: Tensor | None = None) -> dict:
     """The method's aggregate of what a round released; the new global pieces and server state; every client's
-    download; the round's metrics."""
+    download (but those `holding` an older version while they train: an asynchronous server's); the round's metrics."""
     method = host.method
     result = method.aggregate(released)
     if not isinstance(result, Aggregated):
@@ -96,8 +97,9 @@ def aggregate(host: Host, server: ServerState, released: ServerRound) -> dict:
         check_tensors(result.state, f"{type(method).__name__}.aggregate's server state")
         server.method = dict(result.state)
     for client in host.clients:
-        method.download(client, server.shared, server.method)
-        check_tensors(client.extra, f"{type(method).__name__}.download's client.extra")
+        if holding is None or not bool(holding[client.client_id]):
+            method.download(client, server.shared, server.method)
+            check_tensors(client.extra, f"{type(method).__name__}.download's client.extra")
     return metric_values(result.metrics, type(method).__name__)
 
 

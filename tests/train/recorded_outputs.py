@@ -77,6 +77,38 @@ def bare_rows() -> list[dict]:
     } for r in (1, 2)]
 
 
+def step_rows() -> list[dict]:
+    """Three steps of an asynchronous server (FedBuff, buffer 2) over 3 clients and 3 classes, the second not evaluated
+    (server.evaluate_every), a refresh at the first (every client's) and the third (client 1's, as it starts)."""
+    rows = []
+    for r in (1, 2, 3):
+        evaluated = r != 2
+        acc = [40.0 + 10 * r, 60.0 + 5 * r, 30.0 + r] if evaluated else [None] * 3
+        rows.append({
+            "round": r, "rounds": 3, "mean_accuracy": sum(acc) / 3 if evaluated else None, "client_accuracy": acc,
+            "weighted_accuracy": 50.0 + r if evaluated else None, "global_accuracy": 45.5 + r if evaluated else None,
+            "dual_accuracy": 48.0 + r if evaluated else None, "new_clients": [], "new_client_accuracy": None,
+            "held_out_accuracy": {}, "base_novel_harmonic": None, "pseudo_label_accuracy": [70.0, 55.5 + r, 60.0],
+            "pseudo_label_agreement": [None] * 3 if r == 1 else [None, 90.0, None],
+            "selected": [6, 4 + r, 2], "selected_per_class": [5, 4 + r, 3],
+            "selection": [[3, 2, 1], [1, 2 + r, 1], [1, 0, 1]] if r != 2 else None,
+            "class_weights": [0.75, 1.25, 1.0] if r != 2 else None,
+            **({"released_histograms": [[3, 2, 1], [1, 2 + r, 1], [1, 0, 1]], "released_totals": [5, 4 + r, 3]} if r != 2 else {}),
+            "refreshed": r != 2, "participants": [[1, 2], [0, 1], [1, 2]][r - 1], "lr": 0.05,
+            "loss": [[None, 1.5, 1.0], [2.0, 1.25, None], [None, 1.0, 0.75]][r - 1],
+            "loss_pos": [[None, 1.0, 0.5], [1.5, 1.0, None], [None, 0.75, 0.5]][r - 1],
+            "loss_neg": [[None, 0.5, 0.5], [0.5, 0.25, None], [None, 0.25, 0.25]][r - 1], "round_seconds": 2.5 + r,
+            "phase_seconds": {"refresh": 0.5, "train": 1.5, "aggregate": 0.25, "start": 0.25, "evaluate": 0.5 * (r != 2)},
+            "bytes_sent": [[24, 2072, 2072], [2048, 2048, 0], [0, 2072, 2048]][r - 1], "upload_bytes": {"visual": 2048},
+            "prompt_divergence": {"visual": {"drift_diversity": 0.5 / r, "cosine_distance": 0.25}}, "method": {},
+            "version": r, "arrived": [[2, 1], [1, 0], [2, 1]][r - 1], "staleness": [[0, 0], [1, 1], [1, 0]][r - 1],
+            "step_sizes": [[1.0, 1.0], [0.7071, 0.7071], [0.7071, 1.0]][r - 1],
+            "arrival_seconds": [[0.25, 0.5], [1.0, 1.0], [1.25, 1.5]][r - 1], "arrival_steps": [[1, 1], [1, 1], [2, 1]][r - 1],
+            "started": [[1, 2], [0, 1], [1, 2]][r - 1], "in_flight": [0, 1, 2], "virtual_clock": [0.5, 1.0, 1.5][r - 1],
+        })
+    return rows
+
+
 def old_rows() -> list[dict]:
     """A run of fedur from before most fields (rounds counted from 0): what fedur-report still reads."""
     return [{"round": r, "mean_accuracy": 50.0 + r, "client_accuracy": [45.0 + r, 55.0 + r], "selected": [40 + r, 30],
@@ -94,7 +126,8 @@ def record(tmp: Path) -> dict:
     from fedur.train.run_dir import RunDir
 
     outputs = {}
-    for name, rows, labels, figures in (("full", full_rows(), True, True), ("bare", bare_rows(), False, False)):
+    for name, rows, labels, figures in (("full", full_rows(), True, True), ("bare", bare_rows(), False, False),
+                                        ("steps", step_rows(), True, False)):
         folder = tmp / name
         folder.mkdir()
         console = io.StringIO()
@@ -109,16 +142,18 @@ def record(tmp: Path) -> dict:
                                            "test": [[1, 1, 1], [2, 0, 1], [0, 1, 2]], "train_sizes": [6, 6, 6],
                                            "test_sizes": [3, 3, 3], "client_names": None, "train_ids": None, "test_ids": None})
             zero_shot = torch.tensor([[1, 4], [3, 4], [1, 2]][:k])
+            full = name == "full"
             bins = torch.zeros(k, 15, 3, dtype=torch.long)
             bins[:, 14] = torch.tensor([3, 2, 3 * 2**32])
-            recorder.record_zero_shot(zero_shot, torch.tensor([True, True, False][:k]) if labels else None,
-                                      {"novel": torch.tensor([1, 8]), "domain:photo": torch.tensor([5, 8])} if labels else None,
+            recorder.record_zero_shot(zero_shot, torch.tensor([True, True, False][:k]) if full else None,
+                                      {"novel": torch.tensor([1, 8]), "domain:photo": torch.tensor([5, 8])} if full else None,
                                       {"estimates": {"mano": [35.0, 42.5, 30.0][:k], "confidence": None},
                                        "bins": bins if labels else torch.zeros(k, 15, 3, dtype=torch.long)})
             for row in rows:
                 recorder.record_round(row)
-            if labels:
+            if full:
                 recorder.record_adapted(torch.tensor([[0, 1], [0, 1], [7, 8]]), torch.tensor([True, True, False]))
+            if labels:
                 recorder.record_virtual_time()
                 recorder.record_confusion(torch.eye(3, dtype=torch.long).expand(3, 3, 3) * 2, ["cat", "dog", "owl"])
                 recorder.record_reliability()
@@ -126,6 +161,11 @@ def record(tmp: Path) -> dict:
                      "stopped_before_round": 4, "target_epsilon": 3.0}}
             if labels:
                 extra["system"] = {"attackers": [1], "attack": "gaussian", "aggregator": "trimmed_mean"}
+            if name == "steps":
+                del extra["privacy"]
+                extra["system"] = {"attackers": [], "attack": "none", "aggregator": "mean", "server": {
+                    "mode": "fedbuff", "concurrency": 3, "buffer": 2, "steps": 3, "arrivals": 6, "staleness_mean": 0.5,
+                    "staleness_max": 1}}
             settings = {"federation": {"partition": "dirichlet", "beta": 0.5, "num_clients": k, "rounds": len(rows)}}
             recorder.finish(settings, extra)
         tensorboard = []
@@ -146,7 +186,7 @@ def record(tmp: Path) -> dict:
     (old / "zero_shot.json").write_text(json.dumps({"zero_shot_client_mean": 40.0, "zero_shot_client_accuracy": [35.0, 45.0]}))
     (old / "config.yaml").write_text("federation:\n  partition: iid\n  num_clients: 2\n  rounds: 4\n")
     with contextlib.redirect_stdout(io.StringIO()):
-        report([str(tmp / name) for name in ("full", "bare", "old")] + ["--out", str(tmp / "report")])
+        report([str(tmp / name) for name in ("full", "bare", "old", "steps")] + ["--out", str(tmp / "report")])
     outputs["report.md"] = (tmp / "report" / "report.md").read_text().replace(str(tmp), "TMP").splitlines()
     outputs["report files"] = sorted(p.name for p in (tmp / "report").iterdir())
     return outputs

@@ -15,7 +15,7 @@ from fedur.train.round_metrics import RoundOutcome, round_record
 from fedur.train.run_dir import RunDir
 
 from ..conftest import tensorboard_events
-from .recorded_outputs import RECORDED, bare_rows, full_rows, old_rows, record
+from .recorded_outputs import RECORDED, bare_rows, full_rows, old_rows, record, step_rows
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +51,11 @@ def test_every_tag_the_recorder_writes_is_declared_and_every_declared_tag_is_wri
     once, and one field's tags are no other's."""
     assert len(DECLARED) == len(set(DECLARED))
     written = set()
-    for name in ("full", "bare"):
+    for name in ("full", "bare", "steps"):
         written |= {tag for kind in tensorboard_events(recorded[1] / name / "tensorboard").values() for tag in kind}
     matched = {tag: [d for d in DECLARED if pattern(d).match(tag)] for tag in written - set(WRITTEN_BY_TENSORBOARD)}
     assert not [tag for tag, found in matched.items() if not found], "tags the recorder writes that no Field declares"
-    for row in full_rows() + bare_rows():  # no two fields write one tag
+    for row in full_rows() + bare_rows() + step_rows():  # no two fields write one tag
         tags = [tag for f in FIELDS for tag in f.scalars(row)]
         assert len(tags) == len(set(tags))
     used = {d for found in matched.values() for d in found} | {"config"}
@@ -85,7 +85,7 @@ def test_the_recorder_and_fedur_report_read_only_declared_keys(tmp_path):
     """Every key of a row the recorder (scalars, round line, summary) and fedur-report (its tables and curves) read is
     a declared field: a key read by its literal name elsewhere would be a second declaration of it."""
     SEEN.clear()
-    for name, rows in (("full", full_rows()), ("bare", bare_rows())):
+    for name, rows in (("full", full_rows()), ("bare", bare_rows()), ("steps", step_rows())):
         (tmp_path / name).mkdir()
         recorder = Recorder(RunDir(tmp_path / name), enabled=True, figures=False)
         recorder.record_zero_shot(torch.tensor([[1, 4]] * len(rows[0]["client_accuracy"])))
@@ -93,7 +93,7 @@ def test_the_recorder_and_fedur_report_read_only_declared_keys(tmp_path):
             recorder.record_round(Reads(row))
         recorder.finish({}, {})
     runs = [report.Run(tmp_path / name, name, [Reads(r) for r in rows], {}, {"system": {}}, {})
-            for name, rows in (("full", full_rows()), ("bare", bare_rows()), ("old", old_rows()))]
+            for name, rows in (("full", full_rows()), ("bare", bare_rows()), ("old", old_rows()), ("steps", step_rows()))]
     report.markdown(runs, [])
     for run in runs:
         report.protocol_series(run)

@@ -9,7 +9,7 @@ import re
 import statistics
 from pathlib import Path
 
-from fedur.app.tables.grids import FINAL, Grid, RunSpec
+from fedur.app.tables.grids import FINAL, SYSTEM_PREFIX, Grid, RunSpec
 from fedur.metrics import round_numbers
 from fedur.plots import band_panels, band_plot, bar_chart, save_figure
 
@@ -135,15 +135,14 @@ def privacy_figure(grid: Grid, cells: dict, folder: Path) -> list[Path]:
     return save_figure(fig, folder / "privacy-accuracy-epsilon")
 
 
-SYSTEM_SETTING = "system-"  # Column.setting of the system grid's columns (docs/system.md): system-<key>
-
-
-def virtual_time_series(grid: Grid, specs: list[RunSpec]) -> dict[str, dict[str, tuple[list, list, list, list]]]:
-    """Accuracy against virtual time: row label -> column label -> (the round's virtual clock, mean over the seeds;
-    the personal mean accuracy, mean over the seeds; its lowest; its highest), from zero-shot CLIP at 0."""
-    curves: dict[str, dict[str, dict[int, list[tuple[float, float]]]]] = {}
+def virtual_time_series(grid: Grid, specs: list[RunSpec]) -> dict[str, dict[str, dict[str, tuple[list, list, list, list]]]]:
+    """Accuracy against virtual time, of the columns whose setting is SYSTEM_PREFIX's (docs/system.md,
+    docs/asynchronous.md): section -> row label -> column label -> (the round's (or server step's) virtual clock, mean
+    over the seeds; the personal mean accuracy, mean over the seeds; its lowest; its highest), from zero-shot CLIP at
+    0; the steps that did not evaluate left out."""
+    curves: dict[str, dict[str, dict[str, dict[int, list[tuple[float, float]]]]]] = {}
     for spec in specs:
-        if spec.column.runs is not None or not spec.column.setting.startswith(SYSTEM_SETTING):
+        if spec.column.runs is not None or not spec.column.setting.startswith(SYSTEM_PREFIX):
             continue
         path, summary = spec.run_dir / "metrics.jsonl", spec.run_dir / "summary.json"
         if not summary.is_file() or not path.is_file():
@@ -151,28 +150,35 @@ def virtual_time_series(grid: Grid, specs: list[RunSpec]) -> dict[str, dict[str,
         zero = json.loads(summary.read_text()).get("zero_shot_client_mean")
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         points = [(0, 0.0, zero), *((n, r.get("virtual_clock"), r.get("mean_accuracy")) for r, n in zip(rows, round_numbers(rows)))]
-        by_round = curves.setdefault(" ".join(label for label in spec.row.labels if label != "-"), {}).setdefault(spec.column.label, {})
+        row = " ".join(label for label in spec.row.labels if label != "-")
+        by_round = curves.setdefault(spec.column.section, {}).setdefault(row, {}).setdefault(spec.column.label, {})
         for number, clock, accuracy in points:
             if clock is not None and accuracy is not None:
                 by_round.setdefault(number, []).append((clock, accuracy))
-    return {row: {column: (rounds := sorted(by_round),
-                           [statistics.fmean(c for c, _ in by_round[r]) for r in rounds],
-                           [statistics.fmean(a for _, a in by_round[r]) for r in rounds],
-                           [min(a for _, a in by_round[r]) for r in rounds],
-                           [max(a for _, a in by_round[r]) for r in rounds])[1:]
-                  for column, by_round in columns.items()}
-            for row, columns in curves.items()}
+    return {section: {row: {column: (rounds := sorted(by_round),
+                                     [statistics.fmean(c for c, _ in by_round[r]) for r in rounds],
+                                     [statistics.fmean(a for _, a in by_round[r]) for r in rounds],
+                                     [min(a for _, a in by_round[r]) for r in rounds],
+                                     [max(a for _, a in by_round[r]) for r in rounds])[1:]
+                            for column, by_round in columns.items()}
+                      for row, columns in rows.items()}
+            for section, rows in curves.items()}
 
 
 def virtual_time_figure(grid: Grid, specs: list[RunSpec], folder: Path) -> list[Path]:
-    """The system grid's accuracy against virtual time: one panel per method, one line per column (all answer, lost
-    uploads, a deadline, ...), the mean over the seeds with a band from the lowest to the highest seed's accuracy."""
-    panels = virtual_time_series(grid, specs)
-    if not panels:
-        return []
-    fig = band_panels(panels, f"{grid.title}\npersonal accuracy against virtual time (0: zero-shot CLIP)",
-                      "virtual seconds (mean over the seeds)", "mean accuracy over clients (%)")
-    return save_figure(fig, folder / "accuracy-virtual-time")
+    """The accuracy against virtual time of the system and asynchronous grids, one figure per section of their columns
+    (the asynchronous grid's: each speed spread): one panel per method, one line per column (all answer, lost uploads,
+    a deadline, FedBuff, FedAsync, ...), the mean over the seeds with a band from the lowest to the highest seed's
+    accuracy; the synchronous and asynchronous runs on one axis."""
+    sections = virtual_time_series(grid, specs)
+    several = len({c.section for c in grid.columns if c.runs is None and c.setting.startswith(SYSTEM_PREFIX)}) > 1
+    files = []
+    for section, panels in sections.items():
+        fig = band_panels(panels, f"{grid.title}, {section}\npersonal accuracy against virtual time (0: zero-shot CLIP)",
+                          "virtual seconds (mean over the seeds)", "mean accuracy over clients (%)")
+        stem = "accuracy-virtual-time" + (f"-{_stem(section.split(', ')[-1])}" if several else "")
+        files += save_figure(fig, folder / stem)
+    return files
 
 
 def divergence_series(specs: list[RunSpec]) -> dict[str, dict[str, tuple[list, list, list, list]]]:

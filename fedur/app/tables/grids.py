@@ -23,7 +23,8 @@ CONFIGS = plugins.configs_dir()
 FINAL = "final_mean_accuracy"
 ZERO_SHOT = "zero_shot_global"
 
-# What each number a cell can show is (summary.json keys; docs/protocols.md): every table says which it shows.
+# What each number a cell can show is (summary.json keys; docs/protocols.md, and Column.target's "time_to"): every table
+# says which it shows.
 ACCURACIES = {
     FINAL: "personal: the mean over the training clients of each one's accuracy on its own test set, with its own model",
     "final_weighted_accuracy": "personal, weighted: the same clients' test images pooled (the mean weighted by test images)",
@@ -43,6 +44,9 @@ ACCURACIES = {
     "attack": "fedur-attack's measurements of each run (RUN/attack/, docs/privacy-attacks.md), as each section's title says",
     "system": "who answered and when (summary.json's system, docs/system.md): the run's virtual seconds, or the uploads "
               "the server took over its rounds, as each section's title says",
+    "time_to": "virtual seconds to reach a fraction of another run's final personal accuracy (Column.target): the virtual "
+               "clock of the first round (or server step) whose personal accuracy reached it (metrics.jsonl), 0 where "
+               "zero-shot CLIP did; a seed that never reached it is left out of the mean and marked n/a",
 }
 
 
@@ -68,6 +72,9 @@ class Column:
     presets: str = "presets"  # configs/<presets>/<method>.yaml: the baselines' own settings for this column
     value: str | None = None  # the summary.json key its cells show (ACCURACIES; a.b reads a nested one); None: the row's
     runs: str | None = None  # the key of the column whose runs its cells read (None: its own runs)
+    target: tuple[str, float] | None = None  # (a column's key, a fraction): its cells show the virtual seconds its runs
+    # took to reach that fraction of the final personal accuracy of that column's run of the same row and seed
+    # (TIME_TO; None: the summary.json key `value`)
     skip_rows: tuple[str, ...] = ()  # rows whose method its backbone cannot take (docs/backbones.md): no run, no cell
 
 
@@ -391,7 +398,8 @@ SYSTEM_SETTINGS = (
     ("join50", "join 0.5", ("--federation.join_rate", "0.5")),
     ("over-select", "join 0.5, over-select", ("--federation.join_rate", "0.5", "--clock.over_select", "0.5")),
 )
-SYSTEM_OWNERS = tuple(Column(f"demo-system-{key}", label, "personal accuracy", "smoke.yaml", "synthetic", f"system-{key}",
+SYSTEM_PREFIX = "system-"  # Column.setting of the runs drawn against virtual time (fedur/app/tables/figures.py)
+SYSTEM_OWNERS = tuple(Column(f"demo-system-{key}", label, "personal accuracy", "smoke.yaml", "synthetic", f"{SYSTEM_PREFIX}{key}",
                              (*SYSTEM_BASE, *flags), "presets/demo") for key, label, flags in SYSTEM_SETTINGS)
 SYSTEM_COLUMNS = (
     *SYSTEM_OWNERS,
@@ -407,6 +415,50 @@ SYSTEM_NOTE = ("demo: configs/smoke.yaml (4 clients, 5 rounds), each method with
 # Attacks against aggregators on the demo (docs/system.md): one attacker of the 4 clients (drawn per run from the
 # seed), each attack at its default size, under FedAvg (mean) and each robust rule in Flower's definition; the
 # trimmed mean cuts one upload at each end (trim 0.25: Flower's 0.2 of 4 cuts none), Krum assumes the one attacker.
+# Asynchronous servers on the demo (docs/asynchronous.md): at lognormal speed spreads 0.5, 1 and 2 (bandwidth 2000 B/s
+# median, as the system grid's), the synchronous server waiting for every client or for 0.8 x the round's median time
+# (taking the late ones' partial work), FedBuff with buffers of 2 and 3 of the 4 clients training at once, and FedAsync;
+# every asynchronous run applies as many client updates as the 5 synchronous rounds (server.steps' default). Each
+# column's accuracy, the virtual seconds it took to reach 95% of the synchronous (all wait) run's final accuracy, and
+# the virtual seconds of the whole run.
+ASYNC_SPREADS = ("0.5", "1", "2")
+ASYNC_SERVERS = (
+    ("sync", "sync, all wait", ()),
+    ("deadline", "sync, deadline 0.8 partial", ("--clock.deadline", "0.8", "--clock.late", "partial")),
+    ("fedbuff2", "FedBuff, buffer 2", ("--server.mode", "fedbuff", "--server.buffer", "2")),
+    ("fedbuff3", "FedBuff, buffer 3", ("--server.mode", "fedbuff", "--server.buffer", "3")),
+    ("fedasync", "FedAsync", ("--server.mode", "fedasync")),
+)
+ASYNC_TARGET = 0.95
+
+
+def async_column(spread: str, key: str, label: str, flags: tuple[str, ...]) -> Column:
+    """The demo at lognormal speed spread `spread` under the server `key` (ASYNC_SERVERS)."""
+    return Column(f"demo-async-s{spread}-{key}", label, f"personal accuracy, speed spread {spread}", "smoke.yaml",
+                  "synthetic", f"{SYSTEM_PREFIX}async-s{spread}-{key}",
+                  ("--clock.speeds", "lognormal", "--clock.speed_spread", spread, "--clock.bandwidth", "2000", *flags),
+                  "presets/demo")
+
+
+def async_readings(spread: str) -> tuple[Column, ...]:
+    """The time to 95% of the synchronous run's final accuracy, and the whole run's virtual seconds, at `spread`."""
+    owners = [async_column(spread, *server) for server in ASYNC_SERVERS]
+    synchronous = owners[0].key
+    return (*(replace(reading(c, "to95", c.label, "time_to"), target=(synchronous, ASYNC_TARGET),
+                      section=f"virtual seconds to 95% of the synchronous run's final accuracy, speed spread {spread}")
+              for c in owners),
+            *(replace(reading(c, "virtual", c.label, "system.virtual_seconds"),
+                      section=f"virtual seconds, the whole run, speed spread {spread}") for c in owners))
+
+
+ASYNC_COLUMNS = (*(async_column(s, *server) for s in ASYNC_SPREADS for server in ASYNC_SERVERS),
+                 *(c for s in ASYNC_SPREADS for c in async_readings(s)))
+ASYNC_NOTE = ("demo: configs/smoke.yaml (4 clients; 5 rounds, or as many client updates: 10 FedBuff steps of 2, 7 of 3, "
+              "20 FedAsync steps), each method with its demo preset; speeds lognormal, bandwidth 2000 B/s median; FedBuff "
+              "and FedAsync with the 4 clients training at once, FedBuff's 1 / sqrt(1 + staleness) and server lr 1, "
+              "FedAsync's mixing 0.6 x the same; personal accuracy, each client with what it holds (one in flight: the "
+              "version it trains from; docs/asynchronous.md).")
+
 ROBUST_ATTACKS = ("none", "sign_flip", "scale", "gaussian", "constant", "label_flip")
 ROBUST_AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_clip")
 
@@ -496,6 +548,10 @@ GRIDS: dict[str, Grid] = {
     "demo-system": Grid(
         "demo-system", "Clients that drop and lag on the demo", tuple(own_row(m) for m in SYSTEM_METHODS), SYSTEM_COLUMNS,
         ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(SYSTEM_NOTE,), protocol="own",
+    ),
+    "demo-async": Grid(
+        "demo-async", "Asynchronous servers on the demo", tuple(own_row(m) for m in SYSTEM_METHODS), ASYNC_COLUMNS,
+        ("Method", "PL"), flags=DEMO_FLAGS, uses_data_root=False, notes=(ASYNC_NOTE,), protocol="own",
     ),
     "demo-robust": Grid(
         "demo-robust", "Attacks against aggregators on the demo", tuple(own_row(m) for m in SYSTEM_METHODS), ROBUST_COLUMNS,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -94,7 +95,14 @@ def collect(grid: Grid, specs: list[RunSpec]) -> dict[tuple[str, str], Cell]:
         cell = cells[key]
         cell.seeds.append(spec.seed)
         summary = read_summary(spec.run_dir)
-        value = summary_value(summary, spec.value) if summary else None
+        if summary and spec.column.target:  # the virtual seconds to a fraction of another run's final accuracy
+            target = read_summary(target_run(spec))
+            if not target:
+                cell.missing.append(spec)
+                continue
+            value = time_to(spec.run_dir, spec.column.target[1] * target[FINAL])
+        else:
+            value = summary_value(summary, spec.value) if summary else None
         if summary and value is None:  # finished, without this number (a training-free method's adapted new client)
             cell.absent.append(spec.seed)
             continue
@@ -115,6 +123,24 @@ def collect(grid: Grid, specs: list[RunSpec]) -> dict[tuple[str, str], Cell]:
             if isinstance(summary.get(name), (int, float)):
                 target[spec.seed] = float(summary[name])
     return cells
+
+
+def target_run(spec: RunSpec) -> Path:
+    """The run of the same row and seed in the column a target column reads its target from (Column.target)."""
+    return spec.out / spec.grid.name / spec.column.target[0] / spec.row.key / f"seed{spec.seed}"
+
+
+def time_to(run_dir: Path, accuracy: float) -> float | None:
+    """The virtual seconds a run took to reach `accuracy` (%) of personal accuracy: its zero-shot 0, else the virtual
+    clock of its first round or server step at or above it (metrics.jsonl); None: never."""
+    summary = read_summary(run_dir) or {}
+    if (summary.get("zero_shot_client_mean") or 0.0) >= accuracy:
+        return 0.0
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("mean_accuracy") is not None and row["mean_accuracy"] >= accuracy:
+            return row.get("virtual_clock")
+    return None
 
 
 def fmt(value: float | None, signed: bool = False) -> str:
