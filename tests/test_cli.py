@@ -264,6 +264,7 @@ def bad_input_case(case: str, tmp_path, finished_run):
         "old settings", "metrics cut mid-line", "client folder grew", "no such domain",
     ],
 )
+@pytest.mark.slow
 def test_bad_input_stops_with_a_clear_error_and_changes_nothing_on_disk(case, tmp_path, finished_run, run_main):
     """One line, no traceback, and every file as it was (a refused resume's run directory too, its fedur.lock
     included: the refused process is not named as its owner)."""

@@ -46,6 +46,7 @@ def test_there_are_configs():
     assert found == TABLES, "one config per cell of Tables 1-5 and 8"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=name)
 def test_config_parses(path):
     cfg = parsed(path)

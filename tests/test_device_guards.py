@@ -24,6 +24,8 @@ from fedur.train.progress import QUIET
 from fedur.train.run_dir import RunDir
 from fedur.train.setup import setup
 
+pytestmark = pytest.mark.slow  # the fast lane stays under a minute: this module's checks run in the full suite
+
 META = torch.device("meta")
 
 

@@ -68,7 +68,7 @@ def test_tensorboard_holds_every_documented_tag(runs):
     for tag in ("hparams/final_mean_accuracy", "hparams/best_mean_accuracy", "hparams/zero_shot_client_mean"):
         assert scalars[tag] == [last]
     assert events["images"] == {"partition/train": [0], "partition/test": [0], "pseudo_labels/selection": refreshes,
-                                "confusion/final": [last]}
+                                "confusion/final": [last], "calibration/reliability": [last]}  # labels: the calibration
     assert events["text"] == {"config/text_summary": [0]}
     assert set(events["hparams"]) == {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"}
 

@@ -65,7 +65,7 @@ def test_scrambled_train_labels_change_nothing_but_the_monitoring(runs, name):
     summaries = [json.loads((run / "summary.json").read_text()) for run in (drawn, scrambled)]
     for key in ("final_client_accuracy", "zero_shot_client_accuracy", "zero_shot_global", "best_mean_accuracy",
                 "zero_shot_estimated_accuracy", "label_free_choice"):
-        assert summaries[0][key] == summaries[1][key], key
+        assert summaries[0].get(key) == summaries[1].get(key), key  # (a key absent from both: the choice where not asked)
     if not runs_rounds(CASES[name]):  # zero-shot CLIP: no rounds, nothing trained
         return
     rows = [read_rounds(run) for run in (drawn, scrambled)]

@@ -32,6 +32,7 @@ def lagging(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_the_server_aggregates_exactly_the_uploads_that_arrived_in_time(lagging):
     rounds = read_rounds(lagging)
     seen_lost = seen_late = False
@@ -109,6 +110,7 @@ def test_an_attacker_trains_on_flipped_pseudo_labels(run_main, tmp_path):
      "a reducer of its own"),
     (["--clock.speeds", "no-such-file.json"], "no such file"),
 ])
+@pytest.mark.slow
 def test_a_setting_that_cannot_run_stops_in_one_line_before_anything_is_loaded(run_main, tmp_path, flags, says):
     result = run_main(*TINY, *flags, "--run.output_dir", str(tmp_path / "run"))
     assert result.returncode != 0

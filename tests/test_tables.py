@@ -247,6 +247,7 @@ def check_flag(flag: str, value: str) -> None:
         assert value in ("true", "false"), (flag, value)
 
 
+@pytest.mark.slow
 def test_grids_resolve_to_configs_and_real_settings():
     from fedur.app.cli import build_parser
 
@@ -348,6 +349,7 @@ def test_fedur_tables_works_from_an_installed_wheel(tmp_path):
     assert proxy.returncode == 2 and "--model-dir DIR or $FEDUR_TINY_CLIP" in proxy.stderr
 
 
+@pytest.mark.slow
 def test_figures_from_hand_written_runs(tmp_path, capsys):
     """fedur-tables writes Figure 3 (accuracy against K and the joining rate, a band over the seeds), Figure 2 (the
     prompt divergence per round, visual and text) and a bar chart per table section, as PNG and PDF; the lines

@@ -15,7 +15,7 @@ from fedur.model.frozen import FrozenImages
 from fedur.model.precision import full_precision
 from fedur.model.prompts import TextPrompt, init_prompt
 from fedur.model.text_tower import check_shared_prefix, encode_text_shared_prefix
-from fedur.model.towers import causal_text, text_tower, vision_pre_norm
+from fedur.model.towers import causal_text, image_token_count, text_tower, vision_pre_norm
 
 
 class PromptedCLIP(nn.Module):
@@ -244,11 +244,8 @@ class PromptedCLIP(nn.Module):
 
     @property
     def image_token_count(self) -> int:
-        """1 + P: the output tokens of `image_tokens` (the class token and the patches) of a ViT tower."""
-        grid = getattr(self.clip.visual, "grid_size", None)
-        if grid is None:
-            raise ConfigError(f"{type(self.clip.visual).__name__} has no patch tokens: image_tokens needs a ViT tower")
-        return 1 + int(grid[0]) * int(grid[1])
+        """1 + P: the output tokens of `image_tokens` per image (fedur/model/towers.py::image_token_count)."""
+        return image_token_count(self.clip.visual)
 
     @property
     def vision_width(self) -> int:

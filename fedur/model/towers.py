@@ -182,6 +182,23 @@ def vision_pre_norm(visual: nn.Module) -> nn.Module:
     return visual.trunk.norm_pre
 
 
+def image_token_count(visual: nn.Module) -> int:
+    """1 + P: how many output tokens `encode_image_prompted(..., return_tokens=True)` gives per image (the class token, or
+    a ResNet's pooled feature, and the patches), read off the tower without running it."""
+    if is_open_clip_vit(visual):
+        return 1 + int(visual.grid_size[0]) * int(visual.grid_size[1])
+    if _timm_kind(visual) is not None:
+        trunk = visual.trunk
+        if not (trunk.attn_pool is None and trunk.global_pool == "token"):  # as _timm_prompted refuses them
+            raise ConfigError(f"patch features need a tower that pools its class token; timm {type(trunk).__name__} pools "
+                              f"by {'attention' if trunk.attn_pool is not None else trunk.global_pool!r}")
+        grid = trunk.patch_embed.grid_size
+        return 1 + int(grid[0]) * int(grid[1])
+    if is_resnet(visual):
+        return int(visual.attnpool.positional_embedding.shape[0])  # 1 + HW: resnet_tokens' pooled row and positions
+    raise ConfigError(f"patch features need a ViT or a ResNet's attention pool; this vision tower is a {type(visual).__name__}")
+
+
 def run_block(block: nn.Module, x: Tensor, checkpointed: bool = False, **kwargs) -> Tensor:
     """`block(x, **kwargs)`; with `checkpointed` (model.checkpointing) and a gradient to compute, its activations are
     not kept but recomputed in the backward pass (torch.utils.checkpoint, non-reentrant): the same values and

@@ -74,6 +74,7 @@ def outcomes():
     return dict(results)
 
 
+@pytest.mark.slow
 def test_gather_is_exact_and_in_client_order(outcomes):
     for rank in (0, 1):
         assert "crash" not in outcomes[rank], outcomes[rank].get("crash")
@@ -105,6 +106,7 @@ def lose_a_peer(rank: int, port: int) -> None:
     time.sleep(120)  # "training": the heartbeat thread must end this process long before
 
 
+@pytest.mark.slow
 def test_the_heartbeat_ends_a_rank_whose_peer_died_even_outside_collectives():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -171,6 +171,7 @@ def multi_krum_average(results, kept: list[int]) -> np.ndarray:
     return sum((flat(results[i][0]) * results[i][1] for i in order[1:]), flat(results[order[0]][0]) * results[order[0]][1]) / total
 
 
+@pytest.mark.slow
 def test_matches_flowers_median_trimmed_mean_clipping_and_median_norm():
     aggregate, dp = flower()
     for seed in range(CASES):
@@ -191,6 +192,7 @@ def test_matches_flowers_median_trimmed_mean_clipping_and_median_norm():
                 np.testing.assert_allclose(ours[i].numpy() + flat(base[i]), flat(param1), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stable", [True, False], ids=["argsort-stable", "argsort-default"])
 def test_matches_flowers_krum_and_multi_krum(monkeypatch, stable):
     """With np.argsort made stable Flower breaks ties as krum_select documents, and the two agree on every case; with

@@ -191,3 +191,20 @@ def test_a_run_on_each_family(families, tmp_path, run_main, family, method):
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds_completed"] == 1 and summary["method"] == method.lower() and 0 <= summary["final_mean_accuracy"] <= 100
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILY if "patch tokens" in TAKES[f.values[0]]])
+def test_the_token_count_read_off_a_tower_is_what_its_tokens_pass_gives(families, family):
+    """The frozen-feature cache sizes its token files from towers.image_token_count before any image is run: it must
+    be the second dimension of the tokens every family that takes patch tokens returns (and a refusal elsewhere)."""
+    name, clip = families[family]
+    with torch.no_grad():
+        tokens = encode_image_prompted(clip.model.visual, images(clip), None, return_tokens=True)
+    model = PromptedCLIP(clip, ["a", "b"], 2, 2, None, 0.02, seed=1)
+    assert tokens.shape[1] == towers.image_token_count(clip.model.visual) == model.image_token_count
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILY if "patch tokens" not in TAKES[f.values[0]]])
+def test_a_tower_without_patch_tokens_has_no_token_count(families, family):
+    with pytest.raises(ConfigError):
+        towers.image_token_count(families[family][1].model.visual)

@@ -83,6 +83,7 @@ def test_epsilon_grows_with_every_release_and_is_zero_before_any_and_infinite_wi
     assert math.isinf(accountant.epsilon(releases(pieces=0.0), 1, 0, DELTA))
 
 
+@pytest.mark.slow
 def test_the_calibrated_noise_meets_the_target_and_a_little_less_would_not():
     r = releases()
     z = accountant.noise_for_epsilon(4.0, DELTA, r, 10, 2)
@@ -119,6 +120,7 @@ def test_a_histogram_sum_moves_by_at_most_sqrt_2_b_when_one_non_negative_histogr
     assert accountant.HISTOGRAM_SENSITIVITY == pytest.approx(math.sqrt(2))
 
 
+@pytest.mark.slow
 def test_the_pld_accountant_is_the_librarys_pld_with_its_own_reading_of_replace_one():
     # every client each round: the library's PLD doubles the sensitivity itself under replace-one, so an update's event
     # is Gaussian(z) and a histogram's Gaussian(2 z_h / sqrt(2))

@@ -55,6 +55,7 @@ def central(tmp_path_factory):
     return run_dir, result
 
 
+@pytest.mark.slow
 def test_every_rounds_epsilon_is_the_librarys_composition_of_the_runs_releases(central):
     run_dir, result = central
     assert "privacy central: the ranks are trusted" in result.stdout
