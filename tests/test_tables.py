@@ -546,3 +546,16 @@ def test_the_async_grids_time_to_95_percent_reads_the_synchronous_runs_final_acc
     assert "6.00 [1/2 seeds]" in table and "virtual seconds to reach a fraction" in table
     assert tmp_path / "out" / "accuracy-virtual-time-speed-spread-1.png" in files
 
+
+
+def test_a_column_that_reads_another_columns_runs_is_not_ranked_again(tmp_path):
+    """demo-async's time columns show other numbers of the sync column's runs: the ranking without labels chooses
+    among a column's runs once, in the column that made them."""
+    from fedur.app.tables.ranking import ranked
+
+    specs = expand(GRIDS["demo-async"], [1], tmp_path, rows=["fedur", "fedcopl"])
+    made = [s for s in specs if s.column.key == "demo-async-s1-sync"]
+    for spec, estimate in zip(made, (70.0, 75.0)):
+        write_summary(spec.run_dir, final_mean_accuracy=estimate - 5, final_estimated_mean=estimate)
+    assert any(s.column.runs == "demo-async-s1-sync" for s in specs)  # the time columns read these runs
+    assert [(r["column"], r["chosen"]) for r in ranked(specs)] == [("demo-async-s1-sync", "FedCoPL / CoPL")]

@@ -63,7 +63,7 @@ def run_step(host: Host, state: RunState, step_idx: int, plan: RoundPlan) -> Rou
     if asynchronous.due(step_idx, plan.rounds, server.evaluate_every, server.evaluate_unit, events.now,
                         events.evaluated):
         evaluation = evaluate_round(host, state.server, with_confusion=step_idx == plan.rounds - 1,
-                                    global_model=plan.global_model)
+                                    global_model=plan.global_model, round_idx=step_idx)  # the label-free choice's step
         state.flights = replace(state.flights, events=replace(state.flights.events, evaluated=events.now))
     losses = host.gather(local_losses, like=torch.zeros(4, dtype=torch.float64, device="cpu"), what="local losses")
     clock.lap("evaluate")
@@ -79,6 +79,7 @@ def run_step(host: Host, state: RunState, step_idx: int, plan: RoundPlan) -> Rou
         method_metrics=method_metrics, divergence=divergence, training=host.training,
         global_counts=None if evaluation is None else evaluation.global_counts,
         held_out_counts=None if evaluation is None else evaluation.held_out, trained=drawn.weights > 0,
+        label_free=None if evaluation is None else evaluation.label_free,  # the estimates of a step that evaluated
         virtual_clock=events.now, poisoned=channel.adversary.accepted(drawn.joined),
         server={**record, "started": starting, "in_flight": sorted(job.client for job in state.flights.events.flying)},
     )

@@ -116,3 +116,24 @@ def test_fedbuff_with_every_client_at_once_is_synchronous_fedavg_up_to_float_rou
         got, want = (torch.load(d / "prompts" / f"client_{k:03d}.pt", weights_only=True) for d in (tmp_path / "run",
                                                                                                    tiny_runs / "fedur"))
         assert all(torch.allclose(got[name], want[name], atol=1e-6) for name in ("visual", "text_ctx")), k
+
+
+@pytest.mark.slow
+def test_the_label_free_estimates_and_choice_run_on_the_steps_that_evaluate(tmp_path):
+    """Know-without-labels under an asynchronous server: a step that evaluates records the estimates (the others have
+    none), and each client's label-free choice is zero-shot CLIP or a model of a step that evaluated, saved and checked
+    against the recorded estimates at the end (fedur/train/label_free.py::check_and_save_choice)."""
+    from fedur.app.cli import parse_config
+    from fedur.app.run import run
+
+    run_dir = tmp_path / "run"
+    run(parse_config([*SHARED, "--server.mode", "fedbuff", "--server.buffer", "2", "--server.evaluate_every", "3",
+                      "--clock.speeds", "lognormal", "--data.validation_fraction", "0.2", "--evaluation.select",
+                      "label_free", "--run.output_dir", str(run_dir)]))
+    steps = read_rounds(run_dir)
+    evaluated = [s["round"] for s in steps if s.get("estimated_accuracy") is not None]
+    assert evaluated == [s["round"] for s in steps if s["mean_accuracy"] is not None] and len(evaluated) < len(steps)
+    choice = json.loads((run_dir / "summary.json").read_text())["label_free_choice"]["clients"]
+    assert len(choice) == 4 and all(c["round"] in [0, *evaluated] for c in choice)
+    assert all((c["model"] == "zero_shot") == (c["round"] == 0) for c in choice)
+    assert sorted(p.name for p in (run_dir / "prompts" / "chosen").iterdir()) == [f"client_{k:03d}.pt" for k in range(4)]

@@ -24,6 +24,8 @@ def ranked(specs: list[RunSpec]) -> list[dict]:
     its accuracy, the best run by accuracy and its accuracy, the regret (points)."""
     groups: dict[tuple[str, int], list[tuple[RunSpec, float, float | None]]] = {}
     for spec in specs:
+        if spec.column.runs is not None:  # a column that shows other numbers of another column's runs: ranked there
+            continue
         summary = read_summary(spec.run_dir)
         estimate, accuracy = scores(summary) if summary else (None, None)
         if estimate is not None:

@@ -214,8 +214,9 @@ def markdown(grid: Grid, cells: dict, specs: list[RunSpec], seeds: list[int]) ->
              f"`fedur-tables {grid.name}`, seeds {', '.join(map(str, seeds))}: {done} of {len(runs)} runs finished.", "",
              LEGEND if shown == [FINAL] else PROTOCOL_LEGEND, "", f"Protocol: {PROTOCOLS[grid.protocol]}.", ""]
     if shown != [FINAL]:  # a table of other numbers than the personal mean says which each column shows
-        lines += ["What the cells show:", *(f"- {', '.join(c.label for c in grid.columns if (c.value or FINAL).split('.')[0] == key)}"
-                                            f": {ACCURACIES.get(key, key)}" for key in shown), ""]
+        labels = {key: dict.fromkeys(c.label for c in grid.columns if (c.value or FINAL).split(".")[0] == key) for key in shown}
+        lines += ["What the cells show:", *(f"- {'; '.join(labels[key])}: {ACCURACIES.get(key, key)}" for key in shown), ""]
+        # (each label once: a grid's sections, such as demo-async's speed spreads, repeat their columns' labels)
     finished = list({s.run_dir: s for s in specs if (s.run_dir / "summary.json").is_file()}.values())
     extras: dict[str, list[RunSpec]] = {}
     for spec in finished:
