@@ -189,14 +189,23 @@ def image_token_count(visual: nn.Module) -> int:
         return 1 + int(visual.grid_size[0]) * int(visual.grid_size[1])
     if _timm_kind(visual) is not None:
         trunk = visual.trunk
-        if not (trunk.attn_pool is None and trunk.global_pool == "token"):  # as _timm_prompted refuses them
-            raise ConfigError(f"patch features need a tower that pools its class token; timm {type(trunk).__name__} pools "
-                              f"by {'attention' if trunk.attn_pool is not None else trunk.global_pool!r}")
+        _check_timm_tokens(trunk)
         grid = trunk.patch_embed.grid_size
         return 1 + int(grid[0]) * int(grid[1])
     if is_resnet(visual):
         return int(visual.attnpool.positional_embedding.shape[0])  # 1 + HW: resnet_tokens' pooled row and positions
-    raise ConfigError(f"patch features need a ViT or a ResNet's attention pool; this vision tower is a {type(visual).__name__}")
+    raise _no_patch_tokens(visual)
+
+
+def _check_timm_tokens(trunk: nn.Module) -> None:
+    """Patch tokens of a timm tower come from its class token's path: refused where it pools otherwise."""
+    if not (trunk.attn_pool is None and trunk.global_pool == "token"):
+        raise ConfigError(f"patch features need a tower that pools its class token; timm {type(trunk).__name__} pools "
+                          f"by {'attention' if trunk.attn_pool is not None else trunk.global_pool!r}")
+
+
+def _no_patch_tokens(visual: nn.Module) -> ConfigError:
+    return ConfigError(f"patch features need a ViT or a ResNet's attention pool; this vision tower is a {type(visual).__name__}")
 
 
 def run_block(block: nn.Module, x: Tensor, checkpointed: bool = False, **kwargs) -> Tensor:
@@ -217,7 +226,7 @@ def encode_image_other(visual: nn.Module, images: Tensor, prompts: Tensor | None
         vision_blocks(visual)  # refuses, naming the tower
     if return_tokens:
         if not is_resnet(visual):
-            raise ConfigError(f"patch features need a ViT or a ResNet's attention pool; this vision tower is a {type(visual).__name__}")
+            raise _no_patch_tokens(visual)
         return resnet_tokens(visual, images)
     return visual(images)
 
@@ -250,9 +259,7 @@ def _timm_prompted(visual: nn.Module, images: Tensor, prompts: Tensor | None, re
         x = x[:, :-extra]  # the persisting prompt outputs, before the norm and the pooling
     x = trunk.norm(x)
     if return_tokens:
-        if not (trunk.attn_pool is None and trunk.global_pool == "token"):
-            raise ConfigError(f"patch features need a tower that pools its class token; timm {type(trunk).__name__} pools "
-                              f"by {'attention' if trunk.attn_pool is not None else trunk.global_pool!r}")
+        _check_timm_tokens(trunk)
         x = torch.cat([x[:, :1], x[:, trunk.num_prefix_tokens:]], dim=1)  # (B, 1 + patches, width): class token, patches
         return visual.head(trunk.head(trunk.head_drop(trunk.fc_norm(x))))  # token by token, as the pooled class token
     return visual.head(trunk.forward_head(x))  # (B, embed_dim)
